@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from sessions_app.models import Agent, AgentProfile, Event, Session
+
+
+@admin.register(AgentProfile)
+class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
+    list_display = ["name", "summarizer", "compaction_budget", "created_at"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin[Agent]):
+    list_display = ["agent_id", "session", "profile", "created_at"]
+    search_fields = ["agent_id"]
+    list_filter = ["profile"]
+    raw_id_fields = ["session"]
+
+
+@admin.register(Session)
+class SessionAdmin(admin.ModelAdmin[Session]):
+    list_display = ["id", "title", "status", "owner", "profile", "last_seq", "cost", "last_event_at"]
+    list_filter = ["profile", "owner"]
+    search_fields = ["id", "title", "owner__username"]
+    readonly_fields = [f.name for f in Session._meta.get_fields() if getattr(f, "concrete", False)]
+    list_select_related = ["owner", "profile"]
+    show_full_result_count = False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the log below it is append-only
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions are created through the app, which also spawns their agent
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin[Event]):
+    """Read-only, paged view of the log. Sessions hold 100k+ events, so the
+    change list never counts the whole table and never offers a full page."""
+
+    list_display = ["session", "seq", "kind", "created_at"]
+    list_filter = ["kind"]
+    search_fields = ["=session__id"]
+    list_per_page = 100
+    list_max_show_all = 0
+    show_full_result_count = False
+    ordering = ["session", "seq"]
+    readonly_fields = ["session", "seq", "kind", "data", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

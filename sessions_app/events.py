@@ -1,0 +1,240 @@
+"""The event-kind catalogue: every kind the log accepts, its payload schema,
+whether the model sees it, and which projection columns its append updates.
+
+`docs/events.md` describes the same catalogue for people; a test checks the
+two name the same kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Callable
+
+import jsonschema_rs
+
+Json = dict[str, Any]
+# A projection update: (SQL assignment, params). "NEW_SEQ" in the SQL is
+# replaced by the expression for the seq being appended.
+Assignment = tuple[str, list[Any]]
+
+_STR = {"type": "string"}
+_NONEMPTY = {"type": "string", "minLength": 1}
+_SEQ = {"type": "integer", "minimum": 1}
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": {"type": "integer", "minimum": 0},
+        "completion_tokens": {"type": "integer", "minimum": 0},
+        # null: the provider gave no price; counted as unpriced, never as $0.
+        "cost": {"type": ["number", "null"], "minimum": 0},
+    },
+    "required": ["prompt_tokens", "completion_tokens"],
+    "additionalProperties": False,
+}
+_TOOL_CALL = {
+    "type": "object",
+    "properties": {"id": _NONEMPTY, "name": _NONEMPTY, "arguments": _STR},
+    "required": ["id", "name", "arguments"],
+    "additionalProperties": False,
+}
+TURN_STATUSES = ("completed", "cancelled", "rejected", "empty", "failed")
+MODEL_ROLES = ("main", "titler", "compactor")
+
+
+def _obj(props: Json, required: list[str] | None = None) -> Json:
+    return {"type": "object", "properties": props, "required": required or [], "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    schema: Json
+    model_visible: bool
+    doc: str
+    project: Callable[[Json], list[Assignment]] | None = None
+    validator: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "validator", jsonschema_rs.validator_for(self.schema))
+
+
+def _inbox(data: Json) -> list[Assignment]:
+    src = data.get("source_seq")
+    if src is None:
+        return []
+    return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src])]
+
+
+def _usage_totals(usage: Json | None, *, step: bool) -> list[Assignment]:
+    out: list[Assignment] = [("steps = steps + 1", [])] if step else []
+    if usage is None:
+        return [*out, ("unpriced_entries = unpriced_entries + 1", [])]
+    out.append(("prompt_tokens = prompt_tokens + %s", [int(usage["prompt_tokens"])]))
+    out.append(("completion_tokens = completion_tokens + %s", [int(usage["completion_tokens"])]))
+    cost = usage.get("cost")
+    if cost is None:
+        out.append(("unpriced_entries = unpriced_entries + 1", []))
+    else:
+        out.append(("cost = cost + %s", [Decimal(str(cost))]))
+    return out
+
+
+CATALOGUE: dict[str, Kind] = {
+    k.name: k
+    for k in [
+        # --- model-visible --------------------------------------------------
+        Kind(
+            "user/message",
+            _obj({"text": _STR, "source_seq": _SEQ}, ["text"]),
+            True,
+            "A user's input that opened a turn. `source_seq` names the input/queued it came from.",
+            _inbox,
+        ),
+        Kind(
+            "context/injected",
+            _obj({"text": _STR, "source_seq": _SEQ}, ["text"]),
+            True,
+            "Queued input (a steer, or a woken inbox item) riding into a step.",
+            _inbox,
+        ),
+        Kind(
+            "assistant/message",
+            _obj({"content": {"type": ["string", "null"]}, "tool_calls": {"type": "array", "items": _TOOL_CALL}}),
+            True,
+            "The model's complete reply for one step: text and/or tool calls.",
+        ),
+        Kind(
+            "tool/result",
+            _obj(
+                {"call_id": _NONEMPTY, "name": _NONEMPTY, "content": _STR, "is_error": {"type": "boolean"}},
+                ["call_id", "name", "content"],
+            ),
+            True,
+            "The outcome of one tool call; vetoes, denials and tool errors have is_error true.",
+        ),
+        Kind(
+            "session/compacted",
+            _obj({"upto_seq": {"type": "integer", "minimum": 0}, "summary": _STR}, ["upto_seq", "summary"]),
+            True,
+            "Every event at or before upto_seq is replaced by summary in the model's view.",
+            lambda d: [("compacted_seq = NEW_SEQ", [])],
+        ),
+        # --- metadata -------------------------------------------------------
+        Kind(
+            "turn/start",
+            _obj({"by": _STR}),
+            False,
+            "A turn opens. At most one turn is open at a time.",
+            lambda d: [("open_turn_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "turn/end",
+            _obj({"status": {"enum": list(TURN_STATUSES)}, "error": _STR}, ["status"]),
+            False,
+            "The open turn closes with one of five statuses.",
+            lambda d: [("open_turn_seq = NULL", []), ("pending_approvals = 0", [])],
+        ),
+        Kind(
+            "turn/cancel_requested",
+            _obj({"by": _STR, "reason": _STR}),
+            False,
+            "A cancel was accepted; the turn ends cancelled at its next step boundary.",
+        ),
+        Kind(
+            "step/start",
+            _obj({"step": {"type": "integer", "minimum": 1}, "model": _NONEMPTY}, ["step", "model"]),
+            False,
+            "A step begins; `model` is the main role's resolved spec.",
+        ),
+        Kind(
+            "step/end",
+            _obj({"step": {"type": "integer", "minimum": 1}, "usage": _USAGE}, ["step"]),
+            False,
+            "A step ends. No usage means it was closed by a resume and its figure is lost (unpriced).",
+            lambda d: _usage_totals(d.get("usage"), step=True),
+        ),
+        Kind(
+            "usage/recorded",
+            _obj({"purpose": {"enum": ["title", "compaction"]}, "model": _STR, "usage": _USAGE}, ["purpose", "usage"]),
+            False,
+            "Usage of a utility request (titler, summarizer), so session cost stays complete.",
+            lambda d: _usage_totals(d["usage"], step=False),
+        ),
+        Kind(
+            "input/queued",
+            _obj(
+                {"text": _STR, "wake": {"type": "boolean"}, "idempotency_key": _STR, "by": _STR},
+                ["text", "wake"],
+            ),
+            False,
+            "Durably queued input; it rides the next step as context/injected (or opens the next turn).",
+        ),
+        Kind(
+            "approval/requested",
+            _obj({"call_id": _NONEMPTY, "name": _NONEMPTY, "args": {"type": "object"}}, ["call_id", "name", "args"]),
+            False,
+            "A tool call is parked until a human decides.",
+            lambda d: [("pending_approvals = pending_approvals + 1", [])],
+        ),
+        Kind(
+            "approval/resolved",
+            _obj(
+                {"call_id": _NONEMPTY, "verdict": {"enum": ["approve", "deny"]}, "reason": _STR, "by": _STR},
+                ["call_id", "verdict"],
+            ),
+            False,
+            "The verdict for a parked call.",
+            lambda d: [("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", [])],
+        ),
+        Kind(
+            "session/titled",
+            _obj({"title": {"type": "string", "minLength": 1, "maxLength": 80}}, ["title"]),
+            False,
+            "The session's title (at most 80 characters). Never model-visible.",
+            lambda d: [("title = %s", [d["title"]])],
+        ),
+        Kind(
+            "policy/updated",
+            _obj({"patterns": {"type": "array", "items": _NONEMPTY}, "by": _STR}, ["patterns"]),
+            False,
+            "The session's allow-list patterns from now on.",
+            lambda d: [("policy_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "model/updated",
+            _obj({"role": {"enum": list(MODEL_ROLES)}, "spec": _NONEMPTY, "by": _STR}, ["role", "spec"]),
+            False,
+            "Repoints a model role for this session, in force at the next step.",
+        ),
+        Kind(
+            "agent/spawned",
+            _obj({"agent_id": _NONEMPTY, "profile": _NONEMPTY}, ["agent_id", "profile"]),
+            False,
+            "A live agent was spawned for this session.",
+        ),
+        Kind("agent/disposed", _obj({"agent_id": _NONEMPTY}, ["agent_id"]), False, "The live agent was disposed."),
+    ]
+}
+
+MODEL_VISIBLE: frozenset[str] = frozenset(k.name for k in CATALOGUE.values() if k.model_visible)
+
+
+class UnknownEventKind(ValueError):
+    pass
+
+
+class InvalidPayload(ValueError):
+    pass
+
+
+def validate(kind: str, data: object) -> Kind:
+    spec = CATALOGUE.get(kind)
+    if spec is None:
+        raise UnknownEventKind(f"unknown event kind {kind!r}")
+    if not isinstance(data, dict):
+        raise InvalidPayload(f"{kind}: payload must be a JSON object")
+    errors = [f"{'/'.join(map(str, e.instance_path)) or '(root)'}: {e.message}" for e in spec.validator.iter_errors(data)]
+    if errors:
+        raise InvalidPayload(f"{kind}: " + "; ".join(errors))
+    return spec

@@ -1,0 +1,3 @@
+"""Session-event listeners registered at startup (see SessionsAppConfig.ready)."""
+
+from __future__ import annotations

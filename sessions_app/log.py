@@ -1,0 +1,349 @@
+"""The only way into the session log.
+
+`append()` and `locked()` are the single entry point. Within one
+transaction per call they (1) take the session's row lock, (2) assign the next
+seq, (3) insert the event, (4) update the session's projection columns and
+(5) reserve the event's place in this process's fan-out. After commit the
+event is delivered to in-process listeners in seq order and a hint goes to the
+session's channel-layer group.
+
+Seq assignment happens in the UPDATE of the session row, which holds the row
+lock until commit; on SQLite the IMMEDIATE transaction mode serializes writers
+instead. Two appenders in two OS processes therefore never claim the same seq,
+and seqs run gapless from 1 (a rolled-back transaction rolls back its seq too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from sessions_app import events as catalogue
+from sessions_app.events import InvalidPayload, UnknownEventKind
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AppendedEvent",
+    "Fence",
+    "InvalidPayload",
+    "LeaseLost",
+    "SessionNotFound",
+    "UnknownEventKind",
+    "append",
+    "locked",
+    "on_event",
+]
+
+
+class SessionNotFound(LookupError):
+    pass
+
+
+class LeaseLost(RuntimeError):
+    """The caller's lease generation is no longer current: another worker owns the session."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of lease ownership carried by turn code. Every fenced append
+    re-checks `gen` under the row lock and extends the lease by `ttl`."""
+
+    gen: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class AppendedEvent:
+    session_id: uuid.UUID
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.kind, "data": self.data, "at": self.created_at.isoformat()}
+
+
+# --------------------------------------------------------------------------
+# fan-out
+
+Listener = Callable[[AppendedEvent], None]
+_listeners: list[tuple[frozenset[str] | None, Listener]] = []
+
+
+def on_event(*kinds: str) -> Callable[[Listener], Listener]:
+    """Register a session-event listener for the given kinds (none: every kind).
+
+    Listeners run after commit, in seq order per session, one at a time per
+    process. A listener's own append is queued behind the event it is
+    handling. A failing listener is logged and does not affect the others.
+    """
+
+    def register(fn: Listener) -> Listener:
+        _listeners.append((frozenset(kinds) if kinds else None, fn))
+        return fn
+
+    return register
+
+
+class _Dispatcher:
+    """Delivers committed events to listeners in seq order per session.
+
+    A seq is reserved under the row lock, before commit; delivery of a later
+    seq waits until every earlier reservation made in this process has either
+    committed or rolled back. That keeps order even when two threads' commit
+    callbacks run in the opposite order to their commits.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reserved: dict[uuid.UUID, set[int]] = defaultdict(set)
+        self._ready: dict[uuid.UUID, dict[int, AppendedEvent]] = defaultdict(dict)
+        self._draining = False
+
+    def reserve(self, session_id: uuid.UUID, seq: int) -> None:
+        with self._lock:
+            self._reserved[session_id].add(seq)
+
+    def release(self, session_id: uuid.UUID, seqs: list[int]) -> None:
+        with self._lock:
+            self._reserved[session_id].difference_update(seqs)
+        self._drain()
+
+    def committed(self, event: AppendedEvent) -> None:
+        with self._lock:
+            self._ready[event.session_id][event.seq] = event
+        self._drain()
+
+    def _next_batch(self) -> list[AppendedEvent]:
+        out: list[AppendedEvent] = []
+        for sid in list(self._ready):
+            ready = self._ready[sid]
+            reserved = self._reserved.get(sid, set())
+            for seq in sorted(ready):
+                if any(r < seq for r in reserved):
+                    break
+                out.append(ready.pop(seq))
+                reserved.discard(seq)
+            if not ready:
+                del self._ready[sid]
+            if sid in self._reserved and not self._reserved[sid]:
+                del self._reserved[sid]
+        return out
+
+    def _drain(self) -> None:
+        # One drainer at a time; an append made by a listener lands in _ready
+        # and is picked up by the loop below after the current event is done.
+        with self._lock:
+            if self._draining:
+                return
+            self._draining = True
+        try:
+            while True:
+                with self._lock:
+                    batch = self._next_batch()
+                    if not batch:
+                        self._draining = False
+                        return
+                for event in batch:
+                    _deliver(event)
+        except BaseException:
+            with self._lock:
+                self._draining = False
+            raise
+
+
+def _deliver(event: AppendedEvent) -> None:
+    for kinds, fn in list(_listeners):
+        if kinds is not None and event.kind not in kinds:
+            continue
+        try:
+            fn(event)
+        except Exception:
+            log.exception("session listener %s failed on %s#%s %s", fn, event.session_id, event.seq, event.kind)
+
+
+dispatcher = _Dispatcher()
+
+
+def _after_commit(event: AppendedEvent) -> None:
+    from sessions_app import hints
+
+    dispatcher.committed(event)
+    hints.publish_event(event.session_id, event.seq)
+
+
+# --------------------------------------------------------------------------
+# appends
+
+_SESSION = "sessions_app_session"
+_EVENT = "sessions_app_event"
+
+
+def _prepare(kind: str, data: dict[str, Any]) -> tuple[catalogue.Kind, str]:
+    spec = catalogue.validate(kind, data)
+    return spec, json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _set_clause(spec: catalogue.Kind, data: dict[str, Any], now: datetime, fence: Fence | None) -> tuple[str, list[Any]]:
+    parts = ["last_seq = last_seq + 1", "last_event_at = %s"]
+    params: list[Any] = [now]
+    if spec.project is not None:
+        for sql, p in spec.project(data):
+            parts.append(sql.replace("NEW_SEQ", "last_seq + 1"))
+            params.extend(p)
+    if fence is not None:
+        parts.append("lease_expires_at = %s")
+        params.append(now + timedelta(seconds=fence.ttl))
+    return ", ".join(parts), params
+
+
+def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:
+    """Seq assignment + insert + projection update. Caller holds a transaction."""
+    spec, payload = _prepare(kind, data)
+    now = timezone.now()
+    set_sql, set_params = _set_clause(spec, data, now, fence)
+    pg = connection.vendor == "postgresql"
+    if not pg:
+        # SQLite stores UUIDs as hex text and needs datetimes adapted by Django.
+        set_params = [_sqlite_param(p) for p in set_params]
+    sid: Any = session_id if pg else session_id.hex
+    where = "id = %s"
+    where_params: list[Any] = [sid]
+    if fence is not None:
+        where += " AND lease_gen = %s"
+        where_params.append(fence.gen)
+    with connection.cursor() as cur:
+        if pg:
+            # One round trip: the UPDATE takes the row lock and yields the seq.
+            cur.execute(
+                f"WITH s AS (UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq) "
+                f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) "
+                f"SELECT %s, s.last_seq, %s, %s::jsonb, %s FROM s RETURNING seq",
+                [*set_params, *where_params, session_id, kind, payload, now],
+            )
+            row = cur.fetchone()
+        else:
+            cur.execute(f"UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq", [*set_params, *where_params])
+            row = cur.fetchone()
+            if row is not None:
+                cur.execute(
+                    f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) VALUES (%s, %s, %s, %s, %s)",
+                    [sid, row[0], kind, payload, _sqlite_param(now)],
+                )
+    if row is None:
+        _raise_missing(session_id, fence)
+    return AppendedEvent(session_id, int(row[0]), kind, data, now)
+
+
+def _sqlite_param(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return connection.ops.adapt_datetimefield_value(value)
+    return value
+
+
+def _raise_missing(session_id: uuid.UUID, fence: Fence | None) -> None:
+    from sessions_app.models import Session
+
+    current = Session.objects.filter(id=session_id).values_list("lease_gen", flat=True).first()
+    if current is None:
+        raise SessionNotFound(f"no session {session_id}")
+    raise LeaseLost(f"session {session_id}: lease generation {fence.gen if fence else '?'} superseded by {current}")
+
+
+@dataclass
+class SessionTx:
+    """A transaction holding one session's row lock. Append through it."""
+
+    session_id: uuid.UUID
+    fence: Fence | None
+    row: dict[str, Any]
+    appended: list[AppendedEvent] = field(default_factory=list)
+    _track: bool = True
+
+    def append(self, kind: str, data: dict[str, Any]) -> AppendedEvent:
+        event = _insert(self.session_id, kind, data, self.fence)
+        if self._track:
+            dispatcher.reserve(self.session_id, event.seq)
+        self.appended.append(event)
+        transaction.on_commit(lambda e=event: _after_commit(e), robust=True)  # type: ignore[misc]
+        return event
+
+
+_LOCK_COLUMNS = (
+    "id",
+    "owner_id",
+    "profile_id",
+    "last_seq",
+    "open_turn_seq",
+    "pending_approvals",
+    "compacted_seq",
+    "policy_seq",
+    "inbox_seq",
+    "title",
+    "lease_owner",
+    "lease_gen",
+    "lease_expires_at",
+)
+
+
+@contextmanager
+def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterator[SessionTx]:
+    """Open a transaction holding the session's row lock.
+
+    Use it when a decision and the appends it leads to must be atomic
+    (check-then-act: admission, verdicts, compaction boundaries). Raises
+    SessionNotFound, or LeaseLost when `fence` is no longer current.
+    Nothing external (model calls, group sends, task dispatch) belongs inside.
+    """
+    from sessions_app.models import Session
+
+    sid = uuid.UUID(str(session_id))
+    # Reservations are exact only when this block owns the transaction; inside
+    # a caller's transaction an outer rollback could not release them.
+    track = not connection.in_atomic_block
+    with transaction.atomic():
+        row = Session.objects.select_for_update().filter(id=sid).values(*_LOCK_COLUMNS).first()
+        if row is None:
+            raise SessionNotFound(f"no session {sid}")
+        if fence is not None and row["lease_gen"] != fence.gen:
+            raise LeaseLost(f"session {sid}: lease generation {fence.gen} superseded by {row['lease_gen']}")
+        tx = SessionTx(sid, fence, row, _track=track)
+        try:
+            yield tx
+        except BaseException:
+            if track:
+                dispatcher.release(sid, [e.seq for e in tx.appended])
+            raise
+
+
+def append(session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fence: Fence | None = None) -> AppendedEvent:
+    """Append one event. Raises UnknownEventKind/InvalidPayload (nothing is
+    written), SessionNotFound, or LeaseLost for a superseded fence."""
+    sid = uuid.UUID(str(session_id))
+    catalogue.validate(kind, data)  # fail before opening a transaction
+    track = not connection.in_atomic_block
+    event: AppendedEvent | None = None
+    try:
+        with transaction.atomic():
+            event = _insert(sid, kind, data, fence)
+            if track:
+                dispatcher.reserve(sid, event.seq)
+            transaction.on_commit(lambda: _after_commit(event), robust=True)  # type: ignore[arg-type]
+    except BaseException:
+        if track and event is not None:
+            dispatcher.release(sid, [event.seq])
+        raise
+    return event

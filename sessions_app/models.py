@@ -1,0 +1,149 @@
+"""The durable session log and what is projected from it.
+
+`Event` rows are the truth. The projection columns on `Session` (title,
+open turn, pending approvals, running usage totals, heads of some kinds) are
+written only by `sessions_app.log` inside the same transaction that inserts
+the event they summarize, so they can never disagree with the log.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any, NoReturn
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ImmutableEventError(RuntimeError):
+    """Events are append-only: they can be neither changed nor deleted."""
+
+
+class AgentProfile(models.Model):
+    """An admin-managed template that live agents are spawned from."""
+
+    SUMMARIZER_CHOICES = [("role", "Compactor model role"), ("morph", "Morph Compact API")]
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    # {"main": "provider/model", "titler": "...", "compactor": "..."}; empty
+    # values fall back to TERRET_MODEL_* and then to the offline demo model.
+    roles = models.JSONField(default=dict, blank=True)
+    builtin_tools = models.JSONField(default=list, blank=True, help_text="Built-in tool names, e.g. clock.now")
+    # [{"name": "time", "command": "python", "args": [...], "env": {...}}]
+    mcp_servers = models.JSONField(default=list, blank=True)
+    allow_floor = models.JSONField(
+        default=list, blank=True, help_text="Allow-list glob patterns in force until a session updates its policy"
+    )
+    # {"tool.name": "never" | "policy" | "always"} overriding each tool's default
+    approvals = models.JSONField(default=dict, blank=True)
+    compaction_budget = models.PositiveIntegerField(default=100_000)
+    summarizer = models.CharField(max_length=16, choices=SUMMARIZER_CHOICES, default="role")
+    system_prompt = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Session(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="terret_sessions")
+    profile = models.ForeignKey(AgentProfile, on_delete=models.PROTECT, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    # Log head: the seq of the newest committed event (0 for an empty log).
+    last_seq = models.BigIntegerField(default=0)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+
+    # Projections maintained by the append transaction.
+    title = models.CharField(max_length=80, blank=True)
+    open_turn_seq = models.BigIntegerField(null=True, blank=True)
+    pending_approvals = models.IntegerField(default=0)
+    compacted_seq = models.BigIntegerField(null=True, blank=True)
+    policy_seq = models.BigIntegerField(null=True, blank=True)
+    inbox_seq = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
+    unpriced_entries = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0))
+
+    # Lease: one worker drives a session at a time. Each claim bumps
+    # lease_gen; turn code's appends are fenced on the generation it holds.
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_gen = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"]), models.Index(fields=["-last_event_at"])]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+    @property
+    def status(self) -> str:
+        """idle, running or waiting_approval, derived from the log's projections."""
+        if self.open_turn_seq is None:
+            return "idle"
+        if self.pending_approvals > 0:
+            return "waiting_approval"
+        return "running"
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise ImmutableEventError("events are append-only; update is refused")
+
+    def delete(self) -> NoReturn:  # type: ignore[override]
+        raise ImmutableEventError("events are append-only; delete is refused")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ImmutableEventError("events are append-only; bulk_update is refused")
+
+
+class Event(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="events")
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=64)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq_uniq")]
+        # Latest-of-a-kind lookups (compaction, policy, title, model roles)
+        # walk this index backwards instead of scanning the log.
+        indexes = [models.Index(fields=["session", "kind", "seq"], name="event_session_kind_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.kind}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise ImmutableEventError("events are written only by sessions_app.log.append")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ImmutableEventError("events are append-only; delete is refused")
+
+
+class Agent(models.Model):
+    """A live agent: one profile driving one session."""
+
+    agent_id = models.SlugField(max_length=100, unique=True)
+    session = models.OneToOneField(Session, on_delete=models.PROTECT, related_name="agent")
+    profile = models.ForeignKey(AgentProfile, on_delete=models.PROTECT, related_name="agents")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.agent_id

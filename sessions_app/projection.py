@@ -1,0 +1,64 @@
+"""What the model sees: a projection of the log into OpenAI chat messages.
+
+Only the latest session/compacted applies. Everything at or before its
+upto_seq is replaced by its summary, so reads start at that compaction (found
+through the (session, kind, seq) index) and never scan the whole log.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sessions_app.events import MODEL_VISIBLE
+from sessions_app.models import Event
+
+SUMMARY_PREFIX = "Summary of the conversation so far:\n"
+
+
+def latest_compaction(session_id: uuid.UUID | str) -> tuple[int, dict[str, Any]] | None:
+    row = (
+        Event.objects.filter(session_id=session_id, kind="session/compacted")
+        .order_by("-seq")
+        .values_list("seq", "data")
+        .first()
+    )
+    return (row[0], row[1]) if row else None
+
+
+def render(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """One model-visible event as one OpenAI chat message."""
+    if kind in ("user/message", "context/injected"):
+        return {"role": "user", "content": data["text"]}
+    if kind == "assistant/message":
+        msg: dict[str, Any] = {"role": "assistant", "content": data.get("content")}
+        calls = data.get("tool_calls") or []
+        if calls:
+            msg["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in calls
+            ]
+        return msg
+    if kind == "tool/result":
+        return {"role": "tool", "tool_call_id": data["call_id"], "content": data["content"]}
+    if kind == "session/compacted":
+        return {"role": "user", "content": SUMMARY_PREFIX + data["summary"]}
+    raise ValueError(f"{kind} is not model-visible")
+
+
+def derive_messages(session_id: uuid.UUID | str) -> list[dict[str, Any]]:
+    compaction = latest_compaction(session_id)
+    messages: list[dict[str, Any]] = []
+    after = 0
+    if compaction is not None:
+        seq, data = compaction
+        messages.append(render("session/compacted", data))
+        after = seq
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=after, kind__in=MODEL_VISIBLE)
+        .exclude(kind="session/compacted")
+        .order_by("seq")
+        .values_list("kind", "data")
+    )
+    messages.extend(render(kind, data) for kind, data in rows)
+    return messages

@@ -1,0 +1,199 @@
+"""Terret settings. Everything deployment-specific comes from the environment.
+
+See `.env.example` for every variable. Bad values stop the process at import
+(ImproperlyConfigured) instead of being guessed around.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+from dotenv import load_dotenv
+
+from terret_site.env import env_bool, env_float, env_int, env_list, env_str, env_url
+
+# Lets ModelAdmin[Model] and QuerySet[Model] be written at runtime for mypy.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# A local `.env` (written by `make run`, never committed) fills in what the
+# process environment does not set; the real environment always wins.
+load_dotenv(BASE_DIR / ".env", override=False)
+
+DEBUG = env_bool("DEBUG", False)
+TESTING = "pytest" in sys.modules or env_bool("TERRET_TESTING", False)
+
+_secret = env_str("SECRET_KEY")
+if not _secret:
+    if not (DEBUG or TESTING):
+        raise ImproperlyConfigured("SECRET_KEY is required when DEBUG is off (see .env.example)")
+    # Ephemeral: logins do not survive a restart, which is the honest outcome
+    # of running without a configured key.
+    _secret = "dev-only-" + secrets.token_urlsafe(40)
+SECRET_KEY: str = _secret
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "sessions_app",
+    "approvals_app",
+    "policies_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "terret_site.urls"
+WSGI_APPLICATION = "terret_site.wsgi.application"
+ASGI_APPLICATION = "terret_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------
+VAR_DIR = Path(env_str("TERRET_VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
+_db_url = env_url(
+    "DATABASE_URL",
+    f"sqlite:///{VAR_DIR / 'terret.sqlite3'}",
+    schemes={"sqlite", "postgres", "postgresql", "pgsql"},
+)
+assert _db_url is not None
+_db = dj_database_url.parse(_db_url)
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # IMMEDIATE makes every atomic block take SQLite's write lock at BEGIN, so
+    # the append critical section is serialized there just as the session row
+    # lock serializes it on Postgres; WAL lets readers proceed meanwhile.
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    _pool_max = env_int("TERRET_DB_POOL_MAX", 20, minimum=0)
+    if _pool_max:
+        # One pool per process shared by all threads: a threads-pool Celery
+        # worker runs hundreds of turns but holds a connection only while it
+        # touches the log, never across a model call.
+        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": _pool_max, "timeout": 30}}
+        _db["CONN_MAX_AGE"] = 0
+    _test_name = env_str("TERRET_TEST_DB_NAME")
+    if _test_name:
+        _db["TEST"] = {"NAME": _test_name}
+DATABASES = {"default": _db}
+IS_POSTGRES = _db["ENGINE"].endswith("postgresql")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis, channels, celery ----------------------------------------------
+REDIS_URL = env_url("REDIS_URL", None, schemes={"redis", "rediss"})
+_worker_default = "celery" if REDIS_URL else "inprocess"
+TERRET_WORKER = env_str("TERRET_WORKER", _worker_default) or _worker_default
+if TERRET_WORKER not in {"celery", "inprocess"}:
+    raise ImproperlyConfigured(f"TERRET_WORKER={TERRET_WORKER!r} must be 'celery' or 'inprocess'")
+if TERRET_WORKER == "celery" and not REDIS_URL:
+    raise ImproperlyConfigured("TERRET_WORKER=celery needs REDIS_URL")
+
+CHANNEL_PREFIX = env_str("TERRET_CHANNEL_PREFIX", "terret") or "terret"
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX, "capacity": 1000, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# The database is the durable truth; a broker message is only a wake-up. Late
+# acks plus reject-on-worker-lost put a message back if a worker dies with it.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Redis redelivers an unacked message after visibility_timeout even when the
+# first worker is still running it. Turns are fenced by the session lease, so a
+# redelivery is harmless, but a short timeout would cause needless duplicate
+# wake-ups of long turns. Recovery of dead workers does not wait for this: the
+# lease sweep (TERRET_LEASE_SECONDS) resumes expired turns much sooner.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TERRET_VISIBILITY_TIMEOUT", 3600, minimum=60)}
+CELERY_TASK_DEFAULT_QUEUE = env_str("TERRET_QUEUE", "terret") or "terret"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+# --- runtime knobs ----------------------------------------------------------
+TERRET_MAX_AGENTS = env_int("TERRET_MAX_AGENTS", 128, minimum=1)
+TERRET_LEASE_SECONDS = env_float("TERRET_LEASE_SECONDS", 30.0, minimum=0.5)
+TERRET_SWEEP_SECONDS = env_float("TERRET_SWEEP_SECONDS", 15.0, minimum=0.2)
+TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
+TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})
+TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KEY") or ""
+TERRET_MODEL_MAIN = env_str("TERRET_MODEL_MAIN", "") or ""
+TERRET_MODEL_TITLER = env_str("TERRET_MODEL_TITLER", "") or ""
+TERRET_MODEL_COMPACTOR = env_str("TERRET_MODEL_COMPACTOR", "") or ""
+TERRET_LLM_TIMEOUT = env_float("TERRET_LLM_TIMEOUT", 120.0, minimum=1.0)
+TERRET_LLM_RETRIES = env_int("TERRET_LLM_RETRIES", 3, minimum=0)
+MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
+MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
+
+# --- web ------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO") or "INFO"},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

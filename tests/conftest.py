@@ -1,0 +1,62 @@
+"""Shared fixtures and the skip policy.
+
+Tests that need real PostgreSQL, Redis or worker processes carry a marker.
+Where the service is not configured they are skipped with a loud reason; with
+TERRET_NO_SKIP=1 (CI) such a skip becomes a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+NO_SKIP = os.environ.get("TERRET_NO_SKIP") == "1"
+
+
+def _missing(marker: str) -> str | None:
+    if marker in ("postgres", "worker") and not settings.IS_POSTGRES:
+        return "needs PostgreSQL: set DATABASE_URL=postgres://..."
+    if marker in ("redis", "worker") and not settings.REDIS_URL:
+        return "needs Redis: set REDIS_URL=redis://..."
+    if marker == "embedded" and (settings.IS_POSTGRES or settings.REDIS_URL):
+        return "embedded-path test: runs in the SQLite pass (no DATABASE_URL, no REDIS_URL)"
+    if marker == "browser" and not os.path.exists("/usr/bin/chromium"):
+        return "needs Debian's chromium: apt-get install chromium chromium-driver"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in ("postgres", "redis", "worker", "browser", "embedded"):
+        if item.get_closest_marker(marker) is None:
+            continue
+        reason = _missing(marker)
+        if reason is None:
+            continue
+        if NO_SKIP and marker != "embedded":
+            pytest.fail(f"TERRET_NO_SKIP=1 but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def make_user(django_user_model: Any) -> Callable[..., Any]:
+    counter = iter(range(1, 1_000_000))
+
+    def make(username: str | None = None, **kwargs: Any) -> Any:
+        name = username or f"user{next(counter)}"
+        return django_user_model.objects.create_user(username=name, password="pw-" + name, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def make_session(make_user: Callable[..., Any]) -> Callable[..., Any]:
+    from sessions_app.models import Session
+
+    def make(owner: Any = None, **kwargs: Any) -> Session:
+        return Session.objects.create(owner=owner or make_user(), **kwargs)
+
+    return make
