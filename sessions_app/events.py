@@ -100,9 +100,16 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "assistant/message",
-            _obj({"content": {"type": ["string", "null"]}, "tool_calls": {"type": "array", "items": _TOOL_CALL}}),
+            _obj(
+                {
+                    "content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                    "usage": _USAGE,
+                }
+            ),
             True,
-            "The model's complete reply for one step: text and/or tool calls.",
+            "The model's complete reply for one step: text and/or tool calls. `usage` is kept here too so a "
+            "step closed later (after an approval or a crash) still carries its figure on step/end.",
         ),
         Kind(
             "tool/result",

@@ -147,3 +147,57 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.agent_id
+
+
+class InputReceipt(models.Model):
+    """Admission record for an idempotent input: what became of it.
+
+    Written in the same transaction as the input's events, so a retried
+    request with the same key finds the original receipt, never a second turn.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="receipts")
+    key = models.CharField(max_length=200)
+    digest = models.CharField(max_length=64)
+    disposition = models.CharField(max_length=16)
+    seq = models.BigIntegerField()
+    turn_seq = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "key"], name="receipt_session_key_uniq")]
+
+
+class UsageDay(models.Model):
+    """Usage per agent profile per UTC day, kept by the append transaction of
+    step/end and usage/recorded events so the dashboard never scans logs."""
+
+    day = models.DateField()
+    profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, null=True, blank=True)
+    steps = models.BigIntegerField(default=0)
+    unpriced_entries = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0))
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [models.UniqueConstraint(fields=["day", "profile"], name="usageday_day_profile_uniq")]
+
+
+class ApiToken(models.Model):
+    """A bearer token for programs. Only a hash is stored; the token is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

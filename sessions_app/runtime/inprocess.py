@@ -1,0 +1,77 @@
+"""The embedded worker: a thread pool inside the web process.
+
+Used when there is no Redis (the default for `make run`). It runs exactly the
+code a Celery worker runs (loop.drive) and the same periodic sweep, so the
+durability story is the same: the database is the truth and a crash of the
+process is recovered by the sweep when it starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_queued: set[str] = set()
+_sweeper: threading.Thread | None = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="terret-turn")
+        return _pool
+
+
+def submit(session_id: str) -> None:
+    with _lock:
+        if session_id in _queued:
+            return  # a drive is already queued; it will read everything new
+        _queued.add(session_id)
+    _get_pool().submit(_run, session_id)
+
+
+def _run(session_id: str) -> None:
+    from sessions_app.runtime.loop import drive
+
+    with _lock:
+        _queued.discard(session_id)
+    try:
+        drive(session_id)
+    except Exception:
+        log.exception("in-process drive of %s failed", session_id)
+    finally:
+        connection.close()
+
+
+def start_sweeper() -> None:
+    """Sweep once now and then every TERRET_SWEEP_SECONDS (idempotent)."""
+    global _sweeper
+    with _lock:
+        if _sweeper is not None and _sweeper.is_alive():
+            return
+        _sweeper = threading.Thread(target=_sweep_forever, name="terret-sweeper", daemon=True)
+        _sweeper.start()
+
+
+def _sweep_forever() -> None:
+    from sessions_app.runtime.sweep import sweep
+
+    stop = threading.Event()
+    while not stop.is_set():
+        try:
+            for sid in sweep():
+                submit(sid)
+        except Exception:
+            log.exception("sweep failed")
+        finally:
+            connection.close()
+        stop.wait(settings.TERRET_SWEEP_SECONDS)

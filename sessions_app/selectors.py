@@ -1,0 +1,79 @@
+"""Reads of the log and its projections. Every read here is bounded: by a
+turn (at most MAX_STEPS steps), by an index range, or by an explicit limit."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sessions_app.models import Agent, Event, Session
+
+EVENT_PAGE_MAX = 1000
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    seq: int
+    kind: str
+    data: dict[str, Any]
+
+
+def get_session(session_id: uuid.UUID | str) -> Session:
+    return Session.objects.select_related("profile", "owner").get(id=session_id)
+
+
+def agent_for_session(session_id: uuid.UUID | str) -> Agent | None:
+    return Agent.objects.select_related("profile").filter(session_id=session_id).first()
+
+
+def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
+    """The open turn: its turn/start and everything after it."""
+    rows = Event.objects.filter(session_id=session_id, seq__gte=turn_seq).order_by("seq").values_list("seq", "kind", "data")
+    return [LoggedEvent(s, k, d) for s, k, d in rows]
+
+
+def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int) -> list[LoggedEvent]:
+    """Queued input not yet consumed: input/queued events after the inbox cursor."""
+    rows = (
+        Event.objects.filter(session_id=session_id, kind="input/queued", seq__gt=inbox_seq)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+    )
+    return [LoggedEvent(s, k, d) for s, k, d in rows]
+
+
+def latest_of_kind(session_id: uuid.UUID | str, kind: str) -> LoggedEvent | None:
+    row = Event.objects.filter(session_id=session_id, kind=kind).order_by("-seq").values_list("seq", "kind", "data").first()
+    return LoggedEvent(*row) if row else None
+
+
+def model_overrides(session_id: uuid.UUID | str) -> dict[str, str]:
+    """The latest model/updated spec per role."""
+    out: dict[str, str] = {}
+    rows = Event.objects.filter(session_id=session_id, kind="model/updated").order_by("-seq").values_list("data", flat=True)
+    for data in rows[:100]:
+        out.setdefault(data["role"], data["spec"])
+    return out
+
+
+def events_after(session_id: uuid.UUID | str, after: int, limit: int = 500) -> list[LoggedEvent]:
+    limit = max(1, min(limit, EVENT_PAGE_MAX))
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=after)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")[:limit]
+    )
+    return [LoggedEvent(s, k, d) for s, k, d in rows]
+
+
+def usage(session: Session) -> dict[str, Any]:
+    """Lifetime usage from the running totals kept by the append transaction."""
+    return {
+        "prompt_tokens": session.prompt_tokens,
+        "completion_tokens": session.completion_tokens,
+        "cost": float(session.cost) if isinstance(session.cost, Decimal) else session.cost,
+        "steps": session.steps,
+        "unpriced": session.unpriced_entries,
+    }

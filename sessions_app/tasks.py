@@ -1,0 +1,54 @@
+"""Celery tasks: thin adapters that take ids, are safe to run twice, and call one service."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="terret.drive_session", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def drive_session(session_id: str) -> str:
+    from sessions_app.runtime.loop import drive
+
+    try:
+        return drive(session_id)
+    finally:
+        connection.close()  # hand the pooled connection back between tasks
+
+
+@shared_task(name="terret.sweep", ignore_result=True)
+def sweep_sessions() -> int:
+    from sessions_app.runtime.sweep import sweep
+
+    ids = sweep()
+    for sid in ids:
+        drive_session.delay(sid)
+    return len(ids)
+
+
+def _sweep_loop() -> None:
+    stop = threading.Event()
+    while True:
+        try:
+            sweep_sessions()
+        except Exception:
+            log.exception("sweep failed")
+        finally:
+            connection.close()
+        stop.wait(settings.TERRET_SWEEP_SECONDS)
+
+
+@worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    # Every worker sweeps at start (recovering turns a dead worker left) and
+    # then periodically; concurrent sweeps are harmless because drives are
+    # serialized by the session lease.
+    threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()

@@ -1,0 +1,1 @@
+"""Tool definitions, the registry and the built-in and MCP tools."""

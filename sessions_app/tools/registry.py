@@ -1,0 +1,169 @@
+"""The tools one agent profile may use.
+
+A registry is built from the profile's built-in tool names, the tools its MCP
+servers list, and its approval overrides. Building one can mean starting MCP
+servers, so registries are cached per process, keyed by the profile and a hash
+of its tool configuration: a turn step reuses the cached one, and an admin
+edit changes the hash and so takes effect on the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, cast, get_args
+
+from sessions_app.llm.types import ToolSpec
+
+from . import mcp
+from .base import Approval, Definition
+from .builtins import BUILTINS
+
+if TYPE_CHECKING:
+    from sessions_app.models import AgentProfile
+
+logger = logging.getLogger(__name__)
+
+APPROVALS: frozenset[str] = frozenset(get_args(Approval))
+
+
+class Registry(Mapping[str, Definition]):
+    """An immutable mapping of tool name to Definition."""
+
+    def __init__(self, definitions: Iterable[Definition] = (), *, degraded: bool = False) -> None:
+        # Degraded: some MCP server's tools are missing because it was down.
+        self.degraded = degraded
+        items: dict[str, Definition] = {}
+        for defn in definitions:
+            if defn.name in items:
+                raise ValueError(f"duplicate tool name {defn.name!r}")
+            items[defn.name] = defn
+        self._items = MappingProxyType(dict(sorted(items.items())))
+
+    def __getitem__(self, name: str) -> Definition:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self._items)})"
+
+    def get(self, name: str, default: Any = None) -> Definition | None:  # type: ignore[override]
+        return self._items.get(name, default)
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def specs(self) -> list[ToolSpec]:
+        return [ToolSpec(d.name, d.description, d.parameters) for d in self._items.values()]
+
+
+def build_registry(
+    builtin_tools: Iterable[str],
+    mcp_servers: Iterable[Mapping[str, Any]] = (),
+    approvals: Mapping[str, str] | None = None,
+    *,
+    strict: bool = True,
+) -> Registry:
+    """A registry from explicit configuration, uncached.
+
+    Configuration mistakes raise ValueError. An MCP server that cannot be
+    reached raises MCPUnavailable when `strict`; otherwise its tools are left
+    out (and logged) and the registry reports itself `degraded`.
+    """
+    definitions = [_builtin(name) for name in builtin_tools]
+    configs = [mcp.ServerConfig.parse(raw) for raw in mcp_servers]
+    _check_unique([c.name for c in configs])
+    degraded = False
+    for config in configs:
+        try:
+            definitions.extend(mcp.list_tools(config))
+        except mcp.MCPUnavailable:
+            if strict:
+                raise
+            logger.exception("MCP server %r is unavailable; its tools are left out for now", config.name)
+            degraded = True
+    return Registry(_override(definitions, approvals or {}), degraded=degraded)
+
+
+def _check_unique(names: list[str]) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"two MCP servers are named {name!r}")
+        seen.add(name)
+
+
+def _builtin(name: Any) -> Definition:
+    if not isinstance(name, str) or name not in BUILTINS:
+        known = ", ".join(sorted(BUILTINS))
+        raise ValueError(f"unknown built-in tool {name!r}; known built-ins: {known}")
+    return BUILTINS[name]
+
+
+def _override(definitions: list[Definition], approvals: Mapping[str, str]) -> list[Definition]:
+    for name, value in approvals.items():
+        if value not in APPROVALS:
+            raise ValueError(f"approval for {name!r} is {value!r}; expected one of {sorted(APPROVALS)}")
+    # Names not (or no longer) offered are ignored: an override may outlive
+    # the tool, or name one whose MCP server is down right now.
+    return [
+        dataclasses.replace(d, approval=cast(Approval, approvals[d.name])) if d.name in approvals else d
+        for d in definitions
+    ]
+
+
+# -- per-profile cache ------------------------------------------------------
+
+_cache: dict[Any, tuple[str, Registry]] = {}
+_cache_lock = threading.Lock()
+# One build at a time per profile, so concurrent first steps do not each
+# list the same MCP servers; different profiles build in parallel.
+_build_locks: dict[Any, threading.Lock] = {}
+
+
+def config_hash(profile: AgentProfile) -> str:
+    config = {"builtin": profile.builtin_tools, "mcp": profile.mcp_servers, "approvals": profile.approvals}
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def registry_for_profile(profile: AgentProfile) -> Registry:
+    digest = config_hash(profile)
+    cached = _cached(profile.pk, digest)
+    if cached is not None:
+        return cached
+    with _cache_lock:
+        build_lock = _build_locks.setdefault(profile.pk, threading.Lock())
+    with build_lock:
+        cached = _cached(profile.pk, digest)
+        if cached is not None:
+            return cached
+        registry = build_registry(
+            profile.builtin_tools or [], profile.mcp_servers or [], profile.approvals or {}, strict=False
+        )
+        if registry.degraded:
+            return registry  # not cached: the next step tries the missing servers again
+        with _cache_lock:
+            # One entry per profile: an edited profile replaces its old registry.
+            _cache[profile.pk] = (digest, registry)
+        return registry
+
+
+def _cached(pk: Any, digest: str) -> Registry | None:
+    with _cache_lock:
+        entry = _cache.get(pk)
+    return entry[1] if entry is not None and entry[0] == digest else None
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()

@@ -1,0 +1,365 @@
+"""A local OpenAI-compatible chat completions server speaking the real SSE wire format.
+
+Tests and benchmarks talk to it over HTTP exactly as the adapter talks to
+OpenRouter; nothing is patched. Replies come from a FIFO script, then from a
+responder callable.
+
+    with FakeLLM() as llm:
+        llm.script(Reply(text="hello"), Reply(tool_calls=[("clock.now", {})]))
+        OpenAIAdapter(base_url=llm.base_url).complete(...)
+
+Standalone (benchmarks, worker subprocesses):
+
+    python -m tests.fakes.fake_llm --port 8765 --latency 1.0 --mode tool-then-final --tool debug.noop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sessions_app.llm.openai import to_wire
+
+MODES = ("final", "tool-then-final", "always-tool")
+
+
+@dataclass
+class Reply:
+    """One scripted completion.
+
+    tool_calls: (Terret tool name, arguments) pairs; names are sent in wire form.
+    usage: (prompt_tokens, completion_tokens, cost or None); None sends no usage chunk.
+    latency: seconds before the first byte. chunk_delay: seconds between chunks.
+    status: >= 400 answers with that HTTP error and a JSON error body (+ Retry-After).
+    torn_after: close the connection after this many data chunks, without [DONE].
+    omit_done: send every chunk and end the body cleanly, but never send [DONE].
+    hang: True (until the server stops) or an Event (until set, then the stream
+      goes on) to block right after the first text chunk.
+    comments: `: OPENROUTER PROCESSING` keep-alive lines sent before the first chunk.
+    multiline: spread each chunk's JSON over several `data:` lines.
+    """
+
+    text: str | None = None
+    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    usage: tuple[int, int, float | None] | None = (10, 5, None)
+    latency: float = 0.0
+    chunk_delay: float = 0.0
+    status: int = 200
+    retry_after: float | str | None = None
+    error_message: str = "fake provider error"
+    torn_after: int | None = None
+    omit_done: bool = False
+    hang: bool | threading.Event = False
+    comments: int = 1
+    multiline: bool = False
+
+
+Responder = Callable[[dict[str, Any]], Reply]
+
+
+def _last_role(body: dict[str, Any]) -> str | None:
+    messages = body.get("messages") or []
+    return messages[-1].get("role") if messages else None
+
+
+def responder_for_mode(
+    mode: str,
+    tool: str = "debug.noop",
+    args: dict[str, Any] | None = None,
+    latency: float = 0.0,
+    chunk_delay: float = 0.0,
+) -> Responder:
+    """final: always text. tool-then-final: a user message gets a call to `tool`,
+    a tool result gets text. always-tool: call `tool` every time."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    call = [(tool, dict(args or {}))]
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if mode == "always-tool" or (mode == "tool-then-final" and _last_role(body) == "user"):
+            return Reply(tool_calls=list(call), latency=latency, chunk_delay=chunk_delay)
+        text = "done" if _last_role(body) == "tool" else "ok"
+        return Reply(text=text, latency=latency, chunk_delay=chunk_delay)
+
+    return respond
+
+
+# -- wire format ------------------------------------------------------------
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+    return [{"index": 0, "delta": delta, "finish_reason": finish}]
+
+
+def _tool_call_deltas(tool_calls: list[tuple[str, dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    for index, (name, args) in enumerate(tool_calls):
+        head = {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+        yield {**head, "function": {"name": to_wire(name), "arguments": ""}}
+        encoded = json.dumps(args)
+        # At least two fragments, so assembly is always exercised.
+        for piece in _pieces(encoded, max(1, min(7, len(encoded) // 2))):
+            yield {"index": index, "function": {"arguments": piece}}
+
+
+def chunks_for(reply: Reply) -> list[dict[str, Any]]:
+    """The `choices`/`usage` part of each chunk, in order (without [DONE])."""
+    chunks: list[dict[str, Any]] = [{"choices": _choice({"role": "assistant", "content": ""})}]
+    if reply.text:
+        words = re.findall(r"\s*\S+\s*", reply.text) or [reply.text]
+        chunks += [{"choices": _choice({"content": word})} for word in words]
+    chunks += [{"choices": _choice({"tool_calls": [d]})} for d in _tool_call_deltas(reply.tool_calls)]
+    chunks.append({"choices": _choice({}, "tool_calls" if reply.tool_calls else "stop")})
+    if reply.usage is not None:
+        prompt, completion, cost = reply.usage
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+        usage["total_tokens"] = prompt + completion
+        if cost is not None:
+            usage["cost"] = cost
+        chunks.append({"choices": [], "usage": usage})
+    return chunks
+
+
+def _sse(payload: dict[str, Any], multiline: bool) -> str:
+    if not multiline:
+        return f"data: {json.dumps(payload)}\n\n"
+    lines = json.dumps(payload, indent=1).splitlines()
+    return "".join(f"data: {line}\n" for line in lines) + "\n"
+
+
+# -- server -----------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    # The default backlog of 5 drops connections when 200 streams open at once.
+    request_queue_size = 1024
+    fake: FakeLLM
+
+
+class _Aborted(Exception):
+    """The stream must end now, without its terminator."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the adapter's pooled client expects
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.fake._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.fake._track(self.connection, False)
+
+    def do_POST(self) -> None:
+        fake = self.server.fake
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._send_json(404, {"error": {"message": f"no route {self.path}", "code": 404}})
+            return
+        body = json.loads(raw or b"{}")
+        reply = fake._next_reply(body, {k.lower(): v for k, v in self.headers.items()})
+        try:
+            if reply.latency and fake._stopped.wait(reply.latency):
+                raise _Aborted
+            if reply.status >= 400:
+                self._send_error(reply)
+            else:
+                self._stream(reply, body.get("model") or "fake/model")
+        except (_Aborted, OSError):
+            self.close_connection = True
+
+    def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, reply: Reply) -> None:
+        headers = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else {}
+        self._send_json(reply.status, {"error": {"message": reply.error_message, "code": reply.status}}, headers)
+
+    def _write_chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+    def _stream(self, reply: Reply, model: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for _ in range(reply.comments):
+            self._write_chunk(": OPENROUTER PROCESSING\n\n")
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "model": model}
+        for n, chunk in enumerate(chunks_for(reply)):
+            self._before_chunk(reply, n)
+            self._write_chunk(_sse({**base, "created": int(time.time()), **chunk}, reply.multiline))
+        if not reply.omit_done:
+            self._write_chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _before_chunk(self, reply: Reply, n: int) -> None:
+        stopped = self.server.fake._stopped
+        if reply.torn_after is not None and n >= reply.torn_after:
+            raise _Aborted
+        if n == 2 and reply.hang and not self._wait_hang(reply.hang):
+            raise _Aborted
+        if n and reply.chunk_delay and stopped.wait(reply.chunk_delay):
+            raise _Aborted
+
+    def _wait_hang(self, hang: bool | threading.Event) -> bool:
+        """True when released by the Event, False when the server stopped."""
+        stopped = self.server.fake._stopped
+        if not isinstance(hang, threading.Event):
+            stopped.wait()
+            return False
+        while not hang.wait(0.05):
+            if stopped.is_set():
+                return False
+        return True
+
+
+class FakeLLM:
+    """The server. `base_url` (e.g. http://127.0.0.1:PORT/v1) goes where
+    TERRET_LLM_BASE_URL would; `requests` holds every request body received."""
+
+    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.responder: Responder = responder or responder_for_mode("final")
+        self._host, self._port = host, port
+        self._lock = threading.Lock()
+        self._script: deque[Reply] = deque()
+        self._requests: list[dict[str, Any]] = []
+        self._headers: list[dict[str, str]] = []
+        self._connections: set[socket.socket] = set()
+        self._stopped = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeLLM is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """Request headers (lower-cased names), parallel to `requests`."""
+        with self._lock:
+            return list(self._headers)
+
+    def script(self, *replies: Reply) -> FakeLLM:
+        with self._lock:
+            self._script.extend(replies)
+        return self
+
+    def start(self) -> FakeLLM:
+        self._server = _Server((self._host, self._port), _Handler)
+        self._server.fake = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-llm", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops serving and cuts every open connection, releasing hung streams."""
+        self._stopped.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def _next_reply(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+        with self._lock:
+            self._requests.append(body)
+            self._headers.append(headers)
+            scripted = self._script.popleft() if self._script else None
+        if scripted is not None:
+            return scripted
+        try:
+            return self.responder(body)
+        except Exception as err:  # a broken responder should fail the request, not the server
+            return Reply(status=500, error_message=f"responder failed: {err!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible SSE server for tests and benchmarks")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before the first byte")
+    parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
+    parser.add_argument("--mode", choices=MODES, default="final")
+    parser.add_argument("--tool", default="debug.noop", help="Terret tool name the tool modes call")
+    parser.add_argument("--args", default="{}", help="JSON arguments for the tool call")
+    opts = parser.parse_args(argv)
+    responder = responder_for_mode(opts.mode, opts.tool, json.loads(opts.args), opts.latency, opts.chunk_delay)
+    llm = FakeLLM(responder, host=opts.host, port=opts.port).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The base URL alone on the first line, so scripts can read it.
+    print(llm.base_url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        llm.stop()
+
+
+if __name__ == "__main__":
+    main()
