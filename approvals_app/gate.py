@@ -1,18 +1,27 @@
 """The approval gate. It runs at execute, after every pre_execute veto has
-settled, so a call the allow-list refuses never reaches a human."""
+settled, so a call the allow-list refuses never reaches a human.
+
+Verdicts come from the log, so after a restart a decided call is never asked
+again; a parked call holds no worker (the loop returns, and the commit of
+approval/resolved wakes one).
+"""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from approvals_app.selectors import request_in_turn, verdict_in_turn
+from approvals_app.selectors import request_in_turn
+from sessions_app import log
+from sessions_app.models import Event
 from sessions_app.selectors import LoggedEvent
 from sessions_app.tools.base import Definition
 
 
 def approval_mode(defn: Definition, overrides: dict[str, Any]) -> str:
     mode = overrides.get(defn.name, defn.approval)
+    # An unreadable override fails safe: ask.
     return mode if mode in ("never", "policy", "always") else "always"
 
 
@@ -28,18 +37,49 @@ class GateDecision:
 
 
 def check(
-    events: list[LoggedEvent], defn: Definition, overrides: dict[str, Any], call_id: str, args: Any
+    events: list[LoggedEvent],
+    defn: Definition,
+    overrides: dict[str, Any],
+    call_id: str,
+    args: Any,
+    *,
+    after_seq: int = 0,
 ) -> GateDecision:
     """run: go ahead; deny: a recorded denial; park: asked, no verdict yet;
-    ask: append approval/requested, then park. Verdicts come from the log, so
-    after a restart a decided call is never asked again."""
+    ask: append approval/requested (see `request`), then park.
+
+    `events` are the open turn's; `after_seq` is the seq of the assistant
+    message that made the call, so a request (and its verdict) made for an
+    earlier call that happened to reuse the id and arguments does not count.
+    """
     if not needs_approval(defn, overrides):
         return GateDecision("run")
-    verdict = verdict_in_turn(events, call_id, defn.name, args)
-    if verdict is not None:
-        if verdict.verdict == "approve":
-            return GateDecision("run")
-        return GateDecision("deny", verdict.reason or "denied by reviewer")
-    if request_in_turn(events, call_id, defn.name, args) is not None:
+    record = request_in_turn(events, call_id, defn.name, args, after_seq=after_seq)
+    if record is None or record.superseded:
+        return GateDecision("ask")
+    if record.verdict is None:
         return GateDecision("park")
-    return GateDecision("ask")
+    if record.verdict.verdict == "approve":
+        return GateDecision("run")
+    return GateDecision("deny", record.verdict.reason or "denied by reviewer")
+
+
+def request(session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: str, args: dict[str, Any]) -> bool:
+    """Append approval/requested unless the turn is being cancelled.
+
+    Checked under the row lock: cancel() denies every standing request in
+    the same transaction that marks the turn cancelled, so a request appended
+    after that would dangle with no one left to deny it. Returns False (and
+    appends nothing) when the turn is cancelled or already closed.
+    """
+    with log.locked(session_id, fence=fence) as tx:
+        turn_seq = tx.row["open_turn_seq"]
+        if turn_seq is None:
+            return False
+        cancelled = Event.objects.filter(
+            session_id=tx.session_id, kind="turn/cancel_requested", seq__gte=turn_seq
+        ).exists()
+        if cancelled:
+            return False
+        tx.append("approval/requested", {"call_id": call_id, "name": name, "args": args})
+    return True

@@ -2,8 +2,14 @@
 
 An approval belongs to the turn that asked for it. A verdict applies to a
 call only if it follows a request *in the open turn* naming the same call id,
-tool and arguments: provider call ids are not unique across turns, and a
-verdict about other arguments is a verdict about something else.
+tool and arguments: provider call ids are not unique across turns (nor across
+the steps of one turn), and a verdict about other arguments is a verdict about
+something else.
+
+Pairing: an approval/resolved settles the latest unsettled request for its
+call id that precedes it. A request asked again for the same call id while an
+earlier one is still unsettled supersedes the earlier one (which then no
+longer counts as pending); the loop never does that, but the log decides.
 """
 
 from __future__ import annotations
@@ -11,10 +17,20 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sessions_app.models import Session
-from sessions_app.selectors import LoggedEvent, turn_events
+from django.db.models import F
+
+from sessions_app.models import Event, Session
+from sessions_app.permissions import is_reviewer, visible_sessions
+from sessions_app.selectors import LoggedEvent
+
+APPROVAL_KINDS = ("approval/requested", "approval/resolved")
+# The reviewer's queue reads at most this many waiting sessions, oldest
+# activity first, and shows at most QUEUE_ITEM_CAP calls.
+QUEUE_SESSION_CAP = 200
+QUEUE_ITEM_CAP = 500
 
 
 @dataclass(frozen=True)
@@ -25,27 +41,74 @@ class PendingCall:
     seq: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"call_id": self.call_id, "name": self.name, "args": self.args}
+        return {"call_id": self.call_id, "name": self.name, "args": self.args, "seq": self.seq}
 
 
 @dataclass(frozen=True)
 class Verdict:
     verdict: str  # approve | deny
     reason: str
+    by: str = ""
+    seq: int = 0
+
+
+@dataclass
+class ApprovalRecord:
+    """One approval/requested and what became of it."""
+
+    seq: int
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    verdict: Verdict | None = None
+    superseded: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.verdict is None and not self.superseded
+
+    def binds(self, call_id: str, name: str, args: Any) -> bool:
+        return self.call_id == call_id and self.name == name and canonical(self.args) == canonical(args)
+
+    def as_pending(self) -> PendingCall:
+        return PendingCall(self.call_id, self.name, self.args, self.seq)
 
 
 def canonical(args: Any) -> str:
     return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def pending_from_events(events: list[LoggedEvent]) -> list[PendingCall]:
-    requested: dict[str, PendingCall] = {}
+def approval_records(events: list[LoggedEvent]) -> list[ApprovalRecord]:
+    """Every request in `events` (one turn) paired with its verdict, in seq order."""
+    records: list[ApprovalRecord] = []
+    unsettled: dict[str, ApprovalRecord] = {}
     for e in events:
         if e.kind == "approval/requested":
-            requested[e.data["call_id"]] = PendingCall(e.data["call_id"], e.data["name"], e.data["args"], e.seq)
+            earlier = unsettled.get(e.data["call_id"])
+            if earlier is not None:
+                earlier.superseded = True
+            record = ApprovalRecord(e.seq, e.data["call_id"], e.data["name"], e.data["args"])
+            unsettled[record.call_id] = record
+            records.append(record)
         elif e.kind == "approval/resolved":
-            requested.pop(e.data["call_id"], None)
-    return sorted(requested.values(), key=lambda p: p.seq)
+            settled = unsettled.pop(e.data["call_id"], None)
+            if settled is not None:
+                settled.verdict = Verdict(e.data["verdict"], e.data.get("reason", ""), e.data.get("by", ""), e.seq)
+    return records
+
+
+def pending_from_events(events: list[LoggedEvent]) -> list[PendingCall]:
+    return [r.as_pending() for r in approval_records(events) if r.open]
+
+
+def open_turn_approvals(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
+    """The approval events of the turn that opened at `turn_seq` (index range scan)."""
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gte=turn_seq, kind__in=APPROVAL_KINDS)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+    )
+    return [LoggedEvent(s, k, d) for s, k, d in rows]
 
 
 def pending(session_id: uuid.UUID | str) -> list[PendingCall]:
@@ -53,29 +116,100 @@ def pending(session_id: uuid.UUID | str) -> list[PendingCall]:
     turn_seq = Session.objects.filter(id=session_id).values_list("open_turn_seq", flat=True).first()
     if turn_seq is None:
         return []
-    return pending_from_events(turn_events(session_id, turn_seq))
+    return pending_from_events(open_turn_approvals(session_id, turn_seq))
 
 
-def request_in_turn(events: list[LoggedEvent], call_id: str, name: str, args: Any) -> LoggedEvent | None:
-    """The latest request in this turn bound to exactly this call."""
-    want = canonical(args)
-    found: LoggedEvent | None = None
-    for e in events:
-        if (
-            e.kind == "approval/requested"
-            and e.data["call_id"] == call_id
-            and e.data["name"] == name
-            and canonical(e.data["args"]) == want
-        ):
-            found = e
+def request_in_turn(
+    events: list[LoggedEvent], call_id: str, name: str, args: Any, *, after_seq: int = 0
+) -> ApprovalRecord | None:
+    """The latest request in this turn, after `after_seq` (the assistant
+    message that made the call), bound to exactly this call id, tool and args."""
+    found: ApprovalRecord | None = None
+    for record in approval_records(events):
+        if record.seq > after_seq and record.binds(call_id, name, args):
+            found = record
     return found
 
 
-def verdict_in_turn(events: list[LoggedEvent], call_id: str, name: str, args: Any) -> Verdict | None:
-    request = request_in_turn(events, call_id, name, args)
-    if request is None:
-        return None
-    for e in events:
-        if e.seq > request.seq and e.kind == "approval/resolved" and e.data["call_id"] == call_id:
-            return Verdict(e.data["verdict"], e.data.get("reason", ""))
-    return None
+def verdict_in_turn(
+    events: list[LoggedEvent], call_id: str, name: str, args: Any, *, after_seq: int = 0
+) -> Verdict | None:
+    record = request_in_turn(events, call_id, name, args, after_seq=after_seq)
+    return record.verdict if record is not None else None
+
+
+# ---------------------------------------------------------------- the queue
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    session_id: uuid.UUID
+    session_title: str
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    seq: int
+    requested_at: datetime
+
+    @property
+    def args_pretty(self) -> str:
+        return json.dumps(self.args, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Queue:
+    items: list[QueueItem]
+    truncated: bool  # more sessions or calls are waiting than were read
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def queue_for(user: Any, *, session_cap: int = QUEUE_SESSION_CAP, item_cap: int = QUEUE_ITEM_CAP) -> Queue:
+    """Pending approvals across the sessions `user` may decide, oldest first.
+
+    Bounded: candidate sessions come from the pending_approvals projection
+    (kept by the append transaction), and their open turns' approval events
+    are read in one query.
+    """
+    if not is_reviewer(user):
+        return Queue([], False)
+    waiting = visible_sessions(user, Session.objects.all()).filter(pending_approvals__gt=0, open_turn_seq__isnull=False)
+    sessions = list(waiting.order_by("last_event_at").values("id", "title", "open_turn_seq")[: session_cap + 1])
+    truncated = len(sessions) > session_cap
+    sessions = sessions[:session_cap]
+    by_id = {s["id"]: s for s in sessions}
+    rows = (
+        Event.objects.filter(session_id__in=list(by_id), kind__in=APPROVAL_KINDS, seq__gte=F("session__open_turn_seq"))
+        .order_by("session_id", "seq")
+        .values_list("session_id", "seq", "kind", "data", "created_at")
+    )
+    grouped: dict[uuid.UUID, list[LoggedEvent]] = {}
+    stamps: dict[tuple[uuid.UUID, int], datetime] = {}
+    for sid, seq, kind, data, at in rows:
+        grouped.setdefault(sid, []).append(LoggedEvent(seq, kind, data))
+        stamps[(sid, seq)] = at
+    items = [
+        QueueItem(sid, by_id[sid]["title"], p.call_id, p.name, p.args, p.seq, stamps[(sid, p.seq)])
+        for sid, events in grouped.items()
+        for p in pending_from_events(events)
+    ]
+    items.sort(key=lambda i: (i.requested_at, str(i.session_id), i.seq))
+    if len(items) > item_cap:
+        items, truncated = items[:item_cap], True
+    return Queue(items, truncated)
+
+
+def inline_for(session_id: uuid.UUID | str) -> list[QueueItem]:
+    """The session's pending calls with their request times (for the session page)."""
+    row = Session.objects.filter(id=session_id).values("id", "title", "open_turn_seq").first()
+    if row is None or row["open_turn_seq"] is None:
+        return []
+    events = open_turn_approvals(row["id"], row["open_turn_seq"])
+    calls = pending_from_events(events)
+    if not calls:
+        return []
+    stamps = dict(
+        Event.objects.filter(session_id=row["id"], seq__in=[c.seq for c in calls]).values_list("seq", "created_at")
+    )
+    return [QueueItem(row["id"], row["title"], c.call_id, c.name, c.args, c.seq, stamps[c.seq]) for c in calls]

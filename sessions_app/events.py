@@ -53,6 +53,9 @@ class Kind:
     model_visible: bool
     doc: str
     project: Callable[[Json], list[Assignment]] | None = None
+    # Extra writes in the append's own statement/transaction (see log._insert):
+    # each SQL reads the appended row's session as `s` (s.profile_id, s.day).
+    extra: Callable[[Json], list[Assignment]] | None = None
     validator: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +81,28 @@ def _usage_totals(usage: Json | None, *, step: bool) -> list[Assignment]:
     else:
         out.append(("cost = cost + %s", [Decimal(str(cost))]))
     return out
+
+
+_USAGE_DAY = "sessions_app_usageday"
+_USAGE_DAY_UPSERT = (
+    f"INSERT INTO {_USAGE_DAY} (day, profile_id, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
+    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s FROM s WHERE true "
+    "ON CONFLICT (day, profile_id) DO UPDATE SET "
+    f"steps = {_USAGE_DAY}.steps + excluded.steps, "
+    f"unpriced_entries = {_USAGE_DAY}.unpriced_entries + excluded.unpriced_entries, "
+    f"prompt_tokens = {_USAGE_DAY}.prompt_tokens + excluded.prompt_tokens, "
+    f"completion_tokens = {_USAGE_DAY}.completion_tokens + excluded.completion_tokens, "
+    f"cost = {_USAGE_DAY}.cost + excluded.cost"
+)
+
+
+def _usage_day(usage: Json | None, *, step: bool) -> list[Assignment]:
+    """The per-profile per-UTC-day running total (UsageDay), same figures as _usage_totals."""
+    unpriced = usage is None or usage.get("cost") is None
+    prompt = int(usage["prompt_tokens"]) if usage else 0
+    completion = int(usage["completion_tokens"]) if usage else 0
+    cost = Decimal(0) if unpriced or usage is None else Decimal(str(usage["cost"]))
+    return [(_USAGE_DAY_UPSERT, [int(step), int(unpriced), prompt, completion, cost])]
 
 
 CATALOGUE: dict[str, Kind] = {
@@ -160,6 +185,7 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "A step ends. No usage means it was closed by a resume and its figure is lost (unpriced).",
             lambda d: _usage_totals(d.get("usage"), step=True),
+            lambda d: _usage_day(d.get("usage"), step=True),
         ),
         Kind(
             "usage/recorded",
@@ -167,6 +193,7 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "Usage of a utility request (titler, summarizer), so session cost stays complete.",
             lambda d: _usage_totals(d["usage"], step=False),
+            lambda d: _usage_day(d["usage"], step=False),
         ),
         Kind(
             "input/queued",

@@ -215,6 +215,7 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
     spec, payload = _prepare(kind, data)
     now = timezone.now()
     set_sql, set_params = _set_clause(spec, data, now, fence)
+    extras = spec.extra(data) if spec.extra is not None else []
     pg = connection.vendor == "postgresql"
     if not pg:
         # SQLite stores UUIDs as hex text and needs datetimes adapted by Django.
@@ -227,25 +228,47 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
         where_params.append(fence.gen)
     with connection.cursor() as cur:
         if pg:
-            # One round trip: the UPDATE takes the row lock and yields the seq.
+            # One round trip: the UPDATE takes the row lock and yields the seq;
+            # a kind's extra writes ride along as data-modifying CTEs.
+            returning, ctes, extra_params = _extra_ctes(extras, now)
             cur.execute(
-                f"WITH s AS (UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq) "
+                f"WITH s AS (UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq{returning}){ctes} "
                 f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) "
                 f"SELECT %s, s.last_seq, %s, %s::jsonb, %s FROM s RETURNING seq",
-                [*set_params, *where_params, session_id, kind, payload, now],
+                [*set_params, *where_params, *extra_params, session_id, kind, payload, now],
             )
             row = cur.fetchone()
         else:
-            cur.execute(f"UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq", [*set_params, *where_params])
+            cur.execute(
+                f"UPDATE {_SESSION} SET {set_sql} WHERE {where} RETURNING last_seq, profile_id",
+                [*set_params, *where_params],
+            )
             row = cur.fetchone()
             if row is not None:
                 cur.execute(
                     f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) VALUES (%s, %s, %s, %s, %s)",
                     [sid, row[0], kind, payload, _sqlite_param(now)],
                 )
+                for sql, params in extras:  # only kinds with extras (step/end, usage/recorded)
+                    cur.execute(
+                        f"WITH s(last_seq, profile_id, day) AS (SELECT %s, %s, %s) {sql}",
+                        [row[0], row[1], now.date().isoformat(), *params],
+                    )
     if row is None:
         _raise_missing(session_id, fence)
     return AppendedEvent(session_id, int(row[0]), kind, data, now)
+
+
+def _extra_ctes(extras: list[catalogue.Assignment], now: datetime) -> tuple[str, str, list[Any]]:
+    """Postgres: a kind's extra writes as CTEs reading the updated session row
+    `s` (s.profile_id, s.day = the event's UTC date). No extra round trip."""
+    if not extras:
+        return "", "", []
+    ctes = "".join(f", x{i} AS ({sql})" for i, (sql, _) in enumerate(extras))
+    params: list[Any] = [now.date()]
+    for _, p in extras:
+        params.extend(p)
+    return ", profile_id, CAST(%s AS date) AS day", ctes, params
 
 
 def _sqlite_param(value: Any) -> Any:
@@ -314,19 +337,23 @@ def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterat
     # Reservations are exact only when this block owns the transaction; inside
     # a caller's transaction an outer rollback could not release them.
     track = not connection.in_atomic_block
-    with transaction.atomic():
-        row = Session.objects.select_for_update().filter(id=sid).values(*_LOCK_COLUMNS).first()
-        if row is None:
-            raise SessionNotFound(f"no session {sid}")
-        if fence is not None and row["lease_gen"] != fence.gen:
-            raise LeaseLost(f"session {sid}: lease generation {fence.gen} superseded by {row['lease_gen']}")
-        tx = SessionTx(sid, fence, row, _track=track)
-        try:
+    tx: SessionTx | None = None
+    # The try wraps the atomic block, not just the yield: a COMMIT that fails
+    # (dropped connection) rolls the seqs back too, and a reservation left
+    # behind would hold back every later event of the session in this process.
+    try:
+        with transaction.atomic():
+            row = Session.objects.select_for_update().filter(id=sid).values(*_LOCK_COLUMNS).first()
+            if row is None:
+                raise SessionNotFound(f"no session {sid}")
+            if fence is not None and row["lease_gen"] != fence.gen:
+                raise LeaseLost(f"session {sid}: lease generation {fence.gen} superseded by {row['lease_gen']}")
+            tx = SessionTx(sid, fence, row, _track=track)
             yield tx
-        except BaseException:
-            if track:
-                dispatcher.release(sid, [e.seq for e in tx.appended])
-            raise
+    except BaseException:
+        if track and tx is not None:
+            dispatcher.release(sid, [e.seq for e in tx.appended])
+        raise
 
 
 def append(session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fence: Fence | None = None) -> AppendedEvent:

@@ -105,7 +105,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
-    _pool_max = env_int("TERRET_DB_POOL_MAX", 20, minimum=0)
+    # The test process itself runs without a pool so pytest can drop its test
+    # database; worker processes started by tests get a pool like production.
+    _pool_max = env_int("TERRET_DB_POOL_MAX", 0 if TESTING else 20, minimum=0)
     if _pool_max:
         # One pool per process shared by all threads: a threads-pool Celery
         # worker runs hundreds of turns but holds a connection only while it
@@ -123,8 +125,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_url("REDIS_URL", None, schemes={"redis", "rediss"})
 _worker_default = "celery" if REDIS_URL else "inprocess"
 TERRET_WORKER = env_str("TERRET_WORKER", _worker_default) or _worker_default
-if TERRET_WORKER not in {"celery", "inprocess"}:
-    raise ImproperlyConfigured(f"TERRET_WORKER={TERRET_WORKER!r} must be 'celery' or 'inprocess'")
+# manual: nothing is dispatched automatically; something else calls
+# runtime.loop.drive (unit tests of the loop, maintenance scripts).
+if TERRET_WORKER not in {"celery", "inprocess", "manual"}:
+    raise ImproperlyConfigured(f"TERRET_WORKER={TERRET_WORKER!r} must be 'celery', 'inprocess' or 'manual'")
 if TERRET_WORKER == "celery" and not REDIS_URL:
     raise ImproperlyConfigured("TERRET_WORKER=celery needs REDIS_URL")
 

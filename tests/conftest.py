@@ -60,3 +60,50 @@ def make_session(make_user: Callable[..., Any]) -> Callable[..., Any]:
         return Session.objects.create(owner=owner or make_user(), **kwargs)
 
     return make
+
+
+@pytest.fixture
+def start_worker(transactional_db: None) -> Any:
+    """Start real Celery worker processes: `start_worker(**env_overrides)`.
+    Every worker started is SIGKILLed at teardown, before the database is flushed."""
+    from tests.workers import WorkerProcess, purge_queue
+
+    purge_queue()
+    started: list[WorkerProcess] = []
+
+    def start(*, wait: bool = True, **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(**kwargs)
+        started.append(worker)
+        return worker.wait_ready() if wait else worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+    purge_queue()
+
+
+@pytest.fixture
+def fake_llm(settings: Any) -> Any:
+    """A local OpenAI-compatible SSE server; the settings point the adapter at it."""
+    from tests.fakes.fake_llm import FakeLLM
+
+    with FakeLLM() as fake:
+        settings.TERRET_LLM_BASE_URL = fake.base_url
+        settings.TERRET_LLM_API_KEY = "test-key"
+        yield fake
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Any:
+    """After the run, end connections other threads or killed worker processes
+    left on the test database, so pytest-django can drop it."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )

@@ -26,7 +26,7 @@ _PREFIX = "(offline demo model)"
 _SUMMARY_LIMIT = 200
 
 _WRITE = re.compile(r"\bwrite\s+(?P<path>[^\s:]+)\s*:\s*(?P<content>.*)", re.IGNORECASE | re.DOTALL)
-_READ = re.compile(r"\bread\s+(?P<path>[^\s]+)", re.IGNORECASE)
+_READ = re.compile(r"\bread\s+(?:the\s+)?(?:file\s+)?(?P<path>[^\s]+)", re.IGNORECASE)
 _TIME = re.compile(r"\b(time|clock)\b", re.IGNORECASE)
 _LIST = re.compile(r"\blist\b", re.IGNORECASE)
 _ANY_WRITE = re.compile(r"\bwrite\b", re.IGNORECASE)

@@ -359,23 +359,31 @@ class OpenAIAdapter:
                     raise _http_error(response)
                 return self._consume(response, request, state)
         except httpx.TimeoutException as err:
-            raise _Transient(f"timed out ({type(err).__name__})") from err
+            raise _Transient(f"timed out before the response began ({type(err).__name__})") from err
         except httpx.TransportError as err:
             raise _Transient(f"connection failed ({type(err).__name__}: {err})") from err
 
     def _consume(self, response: httpx.Response, request: _Request, state: _StreamState) -> ModelReply:
-        for data in iter_sse_data(response.iter_lines()):
-            if data.strip() == "[DONE]":
-                return state.reply(request.known)
-            try:
-                chunk = json.loads(data)
-            except ValueError as err:
-                raise _Transient(f"stream torn: unparseable chunk {data[:80]!r}") from err
-            failure = _chunk_error(chunk)
-            if failure is not None:
-                raise failure
-            state.feed(chunk)
+        try:
+            for data in iter_sse_data(response.iter_lines()):
+                if data.strip() == "[DONE]":
+                    return state.reply(request.known)
+                self._feed_event(data, state)
+        except httpx.TimeoutException as err:
+            raise _Transient(f"stream torn: no data within the read timeout ({type(err).__name__})") from err
+        except httpx.TransportError as err:
+            raise _Transient(f"stream torn: {type(err).__name__}: {err}") from err
         raise _Transient("stream torn: the connection closed before [DONE]")
+
+    def _feed_event(self, data: str, state: _StreamState) -> None:
+        try:
+            chunk = json.loads(data)
+        except ValueError as err:
+            raise _Transient(f"stream torn: unparseable chunk {data[:80]!r}") from err
+        failure = _chunk_error(chunk)
+        if failure is not None:
+            raise failure
+        state.feed(chunk)
 
     def _delay(self, attempt: int, retry_after: float | None, spec: str) -> float:
         if retry_after is not None:

@@ -16,6 +16,8 @@ from django.db import transaction
 def wake(session_id: uuid.UUID | str) -> None:
     """Schedule a drive of the session once the current transaction commits."""
     sid = str(session_id)
+    if settings.TERRET_WORKER == "manual":
+        return
     if settings.TERRET_WORKER == "celery":
         from sessions_app.tasks import drive_session
 

@@ -64,7 +64,9 @@ def drive(session_id: uuid.UUID | str) -> str:
             if outcome == "resume_failed":
                 retry_after = RESUME_BACKOFF_SECONDS
             leases.release(lease, retry_after=retry_after)
-        if outcome in ("lost", "resume_failed", "no_agent", "parked") or not has_work(sid):
+        # "parked" is not final: a verdict committed while we still held the
+        # lease found it busy, so has_work (pending_approvals == 0) re-checks.
+        if outcome in ("lost", "resume_failed", "no_agent") or not has_work(sid):
             return outcome
     return outcome
 
@@ -260,11 +262,11 @@ class TurnRunner:
     def execute_calls(self, message: LoggedEvent, st: TurnState) -> str:
         parked = False
         for call in st.owed_calls(message):
-            if self.run_call(call, st) == "parked":
+            if self.run_call(call, st, message.seq) == "parked":
                 parked = True
         return "parked" if parked else "done"
 
-    def run_call(self, call: ToolCall, st: TurnState) -> str:
+    def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> str:
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
@@ -277,9 +279,11 @@ class TurnRunner:
         veto = hooks.first_veto(hooks.CallContext(self.sid, self.profile, defn, args))
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
-        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args)
+        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
         if decision.action == "ask":
-            self.append("approval/requested", {"call_id": call.id, "name": call.name, "args": args})
+            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
+                # Cancelled meanwhile: asking now would leave a request no one denies.
+                return self.result(call, "cancelled: the turn was cancelled", True)
             return "parked"
         if decision.action == "park":
             return "parked"

@@ -83,19 +83,29 @@ def _read(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"no such file: {args['path']}") from None
     except OSError as exc:
         raise ToolError(f"cannot open {args['path']}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ToolError(f"{args['path']} is not a regular file")
-        if info.st_size > MAX_READ_BYTES:
-            raise ToolError(f"{args['path']} is {info.st_size} bytes; the read limit is {MAX_READ_BYTES}")
-        data = handle.read(MAX_READ_BYTES + 1)
-    if len(data) > MAX_READ_BYTES:
-        raise ToolError(f"{args['path']} is larger than the read limit of {MAX_READ_BYTES} bytes")
+    try:
+        data = _read_regular(fd, args["path"])
+    finally:
+        os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolError(f"{args['path']} is not UTF-8 text") from None
+
+
+def _read_regular(fd: int, path: str) -> bytes:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ToolError(f"{path} is not a regular file")
+    if info.st_size > MAX_READ_BYTES:
+        raise ToolError(f"{path} is {info.st_size} bytes; the read limit is {MAX_READ_BYTES}")
+    chunks, size = [], 0
+    while size <= MAX_READ_BYTES and (chunk := os.read(fd, MAX_READ_BYTES + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > MAX_READ_BYTES:  # it grew after the fstat
+        raise ToolError(f"{path} is larger than the read limit of {MAX_READ_BYTES} bytes")
+    return b"".join(chunks)
 
 
 def _write(ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ MAX_RESULT_BYTES = 64 * 1024
 MAX_ARGUMENT_CHARS = 1024 * 1024
 _MAX_ERRORS_SHOWN = 3
 _MAX_ERROR_CHARS = 300
+_MAX_QUOTE_CHARS = 60
 _VALIDATORS_KEPT = 512
 
 
@@ -67,11 +68,21 @@ def _validate(defn: Definition, args: dict[str, Any]) -> None:
     problems = []
     for error in _validator(defn.parameters).iter_errors(args):
         where = "/".join(str(part) for part in error.instance_path)
-        problems.append(f"{where or '(root)'}: {_clip(error.message)}")
+        problems.append(f"{where or '(root)'}: {_describe(error)}")
         if len(problems) == _MAX_ERRORS_SHOWN:
             break
     if problems:
         raise ToolError(f"invalid arguments for {defn.name}: " + "; ".join(problems))
+
+
+def _describe(error: jsonschema_rs.ValidationError) -> str:
+    # Messages quote the offending value, which may be huge; shorten the
+    # quote rather than the message, so the reason itself survives.
+    quoted = json.dumps(error.instance, ensure_ascii=False, separators=(",", ":"))
+    message = error.message
+    if len(quoted) > _MAX_QUOTE_CHARS and message.startswith(quoted):
+        message = quoted[:_MAX_QUOTE_CHARS] + "…" + message[len(quoted) :]
+    return _clip(message)
 
 
 class _ValidatorCache:

@@ -247,6 +247,7 @@ class MCPManager:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
         # Below: loop-thread only.
         self._connections: dict[ServerKey, _Connection] = {}
         self._start_locks: dict[ServerKey, asyncio.Lock] = {}
@@ -273,6 +274,8 @@ class MCPManager:
     def shutdown(self) -> None:
         """Stop every server and the loop; the manager can start again later."""
         with self._lock:
+            if self._pid != os.getpid():
+                self._forget()
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None or thread is None:
@@ -287,12 +290,20 @@ class MCPManager:
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._pid != os.getpid():
+                self._forget()
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=self._run_loop, args=(loop,), name="terret-mcp", daemon=True)
                 thread.start()
-                self._loop, self._thread = loop, thread
+                self._loop, self._thread, self._pid = loop, thread, os.getpid()
             return self._loop
+
+    def _forget(self) -> None:
+        # A forked child inherits this state but not the loop thread (nor, in
+        # any useful sense, the server pipes): it starts afresh on first use.
+        self._loop = self._thread = None
+        self._connections, self._start_locks, self._tools, self._start_failures = {}, {}, {}, {}
 
     @staticmethod
     def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -485,13 +496,4 @@ def shutdown() -> None:
         current.shutdown()
 
 
-def _forget_after_fork() -> None:
-    # A forked child has the manager's state but not its loop thread; it
-    # starts its own manager (and servers) on first use.
-    global _manager, _manager_lock
-    _manager = None
-    _manager_lock = threading.Lock()
-
-
 atexit.register(shutdown)
-os.register_at_fork(after_in_child=_forget_after_fork)

@@ -49,6 +49,8 @@ class Reply:
       goes on) to block right after the first text chunk.
     comments: `: OPENROUTER PROCESSING` keep-alive lines sent before the first chunk.
     multiline: spread each chunk's JSON over several `data:` lines.
+    stream_error: (code, message) sent OpenRouter-style as an `error` chunk after
+      the text, ending the stream there.
     """
 
     text: str | None = None
@@ -64,6 +66,7 @@ class Reply:
     hang: bool | threading.Event = False
     comments: int = 1
     multiline: bool = False
+    stream_error: tuple[int, str] | None = None
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -123,6 +126,9 @@ def chunks_for(reply: Reply) -> list[dict[str, Any]]:
     if reply.text:
         words = re.findall(r"\s*\S+\s*", reply.text) or [reply.text]
         chunks += [{"choices": _choice({"content": word})} for word in words]
+    if reply.stream_error is not None:
+        code, message = reply.stream_error
+        return [*chunks, {"error": {"code": code, "message": message}, "choices": _choice({}, "error")}]
     chunks += [{"choices": _choice({"tool_calls": [d]})} for d in _tool_call_deltas(reply.tool_calls)]
     chunks.append({"choices": _choice({}, "tool_calls" if reply.tool_calls else "stop")})
     if reply.usage is not None:
@@ -152,6 +158,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
     fake: FakeLLM
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up on keep-alive connections is normal; anything else is a bug worth printing.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
 
 class _Aborted(Exception):
     """The stream must end now, without its terminator."""
@@ -159,6 +170,8 @@ class _Aborted(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the adapter's pooled client expects
+    # Small SSE writes must not wait for delayed ACKs (~40 ms each).
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -222,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
         for n, chunk in enumerate(chunks_for(reply)):
             self._before_chunk(reply, n)
             self._write_chunk(_sse({**base, "created": int(time.time()), **chunk}, reply.multiline))
-        if not reply.omit_done:
+        if not reply.omit_done and reply.stream_error is None:
             self._write_chunk("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -256,6 +258,28 @@ def test_torn_streams_exhaust_retries_as_unavailable(llm: FakeLLM) -> None:
     assert len(llm.requests) == 2
 
 
+def test_mid_stream_error_chunk_is_retried_when_transient(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+    llm.script(Reply(stream_error=(502, "upstream overloaded")), Reply(text="recovered"))
+    assert adapter.complete(SPEC, USER, [], lambda _: None).content == "recovered"
+    assert len(llm.requests) == 2
+
+
+def test_mid_stream_error_chunk_is_final_when_permanent(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+    llm.script(Reply(stream_error=(400, "context length exceeded")))
+    with pytest.raises(ModelUnavailable, match="mid-stream: context length exceeded"):
+        adapter.complete(SPEC, USER, [])
+    assert len(llm.requests) == 1
+
+
+def test_mid_stream_error_after_output_is_torn(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+    llm.script(Reply(text="partial answer", stream_error=(503, "provider went away")))
+    deltas: list[str] = []
+    with pytest.raises(TornStream, match="provider went away"):
+        adapter.complete(SPEC, USER, [], deltas.append)
+    assert deltas == ["partial ", "answer"]
+    assert len(llm.requests) == 1
+
+
 def test_read_timeout_is_retried_then_succeeds(llm: FakeLLM) -> None:
     impatient = OpenAIAdapter(base_url=llm.base_url, timeout=0.3, retries=1, backoff_base=0.0)
     llm.script(Reply(text="too slow", latency=2.0), Reply(text="fast"))
@@ -279,12 +303,36 @@ def test_mid_stream_stall_after_output_is_torn(llm: FakeLLM) -> None:
     llm.script(Reply(text="first then nothing", hang=release))
     deltas: list[str] = []
     try:
-        with pytest.raises(TornStream, match="ReadTimeout"):
+        with pytest.raises(TornStream, match="stream torn.*ReadTimeout"):
             impatient.complete(SPEC, USER, [], deltas.append)
     finally:
         release.set()
     assert deltas == ["first "]
     assert len(llm.requests) == 1
+
+
+def test_hung_stream_is_cut_when_the_server_stops(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+    llm.script(Reply(text="stuck here forever", hang=True))
+    deltas: list[str] = []
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            adapter.complete(SPEC, USER, [], deltas.append)
+        except Exception as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not deltas and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.is_alive()  # hanging, not finished
+    llm.stop()
+    worker.join(timeout=5)
+
+    assert deltas == ["stuck "]
+    assert len(errors) == 1 and isinstance(errors[0], TornStream)
 
 
 def test_connection_refused_is_unavailable() -> None:
@@ -314,6 +362,28 @@ def test_many_concurrent_streams_share_one_client(llm: FakeLLM, adapter: OpenAIA
 
     assert results == {i: f"reply to {i}" for i in range(200)}
     assert time.monotonic() - started < 10  # concurrent, not 200 x 0.5 s
+
+
+def test_standalone_server_modes() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--mode", "tool-then-final", "--tool", "clock.now"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", base_url)
+        standalone = OpenAIAdapter(base_url=base_url, retries=0)
+
+        first = standalone.complete(SPEC, USER, [tool("clock.now")])
+        assert [c.name for c in first.tool_calls] == ["clock.now"]
+        result = {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "12:00"}
+        second = standalone.complete(SPEC, [*USER, {"role": "assistant", "content": None}, result], [])
+        assert second.content == "done"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
 
 
 def test_registry_reads_settings_and_runs_utility_requests(llm: FakeLLM, settings: object) -> None:

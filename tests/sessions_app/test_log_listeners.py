@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 
 from sessions_app import log
 from sessions_app.log import AppendedEvent, _Dispatcher, append, locked, on_event
@@ -123,53 +124,53 @@ def test_failing_listener_does_not_stop_others(make_session: Any, listen: Listen
     assert "listener bug" in caplog.text or "failed on" in caplog.text
 
 
-def test_failed_commit_in_locked_does_not_stall_later_events(
-    make_session: Any, listen: Listen, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A commit that fails must release the seqs reserved in the block;
-    otherwise every later event of the session waits forever in this process."""
-    s = make_session()
-    seen = listen()
-    real_commit = connection.commit
-    calls = {"n": 0}
+@contextmanager
+def failing_commit() -> Iterator[None]:
+    """Make the next COMMIT on this thread's connection fail (as a dropped
+    connection would); Django then rolls the transaction back."""
+    conn = connections["default"]
 
-    def failing_commit() -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise DatabaseError("simulated commit failure")
-        real_commit()
-
-    monkeypatch.setattr(connection, "commit", failing_commit)
-    with pytest.raises(DatabaseError), locked(s.id) as tx:
-        tx.append("turn/start", {})
-    monkeypatch.setattr(connection, "commit", real_commit)
-    ev = append(s.id, "turn/start", {})
-    assert ev.seq == 1  # the failed block's seq was rolled back and reused
-    assert [e.seq for e in seen] == [1]
-    ev2 = append(s.id, "turn/end", {"status": "completed"})
-    assert [e.seq for e in seen] == [1, ev2.seq]
-
-
-def test_failed_commit_in_append_does_not_stall_later_events(
-    make_session: Any, listen: Listen, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    s = make_session()
-    append(s.id, "turn/start", {})
-    seen = listen()
-    real_commit = connection.commit
-
-    def failing_commit() -> None:
+    def fail() -> None:
         raise DatabaseError("simulated commit failure")
 
-    monkeypatch.setattr(connection, "commit", failing_commit)
-    with pytest.raises(DatabaseError):
-        append(s.id, "user/message", {"text": "lost"})
-    monkeypatch.setattr(connection, "commit", real_commit)
-    # Another process takes seq 2 (simulated by a different session number
-    # space being irrelevant: here the next local append simply gets it).
-    append(s.id, "user/message", {"text": "a"})
-    append(s.id, "user/message", {"text": "b"})
-    assert [e.data["text"] for e in seen] == ["a", "b"]
+    conn.commit = fail  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del conn.commit
+
+
+def other_process_appends(session_id: uuid.UUID, kind: str, data: dict[str, Any]) -> int:
+    """What another OS process's append does, as seen from this process: the
+    row and seq change, but this process's dispatcher never hears of it."""
+    with transaction.atomic():
+        return log._insert(session_id, kind, data, None).seq
+
+
+def test_failed_commit_in_locked_does_not_stall_later_events(make_session: Any, listen: Listen) -> None:
+    """A commit that fails must release the seqs reserved in the block;
+    otherwise, once another process takes that seq, every later event of the
+    session waits forever in this process's fan-out."""
+    s = make_session()
+    seen = listen()
+    with pytest.raises(DatabaseError), failing_commit(), locked(s.id) as tx:
+        tx.append("turn/start", {})
+    assert other_process_appends(s.id, "turn/start", {}) == 1  # the rolled-back seq is reused
+    ev = append(s.id, "user/message", {"text": "after"})
+    assert ev.seq == 2
+    assert [e.seq for e in seen] == [2]
+    assert not log.dispatcher._reserved and not log.dispatcher._ready
+
+
+def test_failed_commit_in_append_does_not_stall_later_events(make_session: Any, listen: Listen) -> None:
+    s = make_session()
+    seen = listen()
+    with pytest.raises(DatabaseError), failing_commit():
+        append(s.id, "turn/start", {})
+    assert other_process_appends(s.id, "turn/start", {}) == 1
+    append(s.id, "user/message", {"text": "after"})
+    assert [e.seq for e in seen] == [2]
+    assert not log.dispatcher._reserved and not log.dispatcher._ready
 
 
 # --- the dispatcher itself: deterministic ordering rules ---------------------

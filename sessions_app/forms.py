@@ -1,0 +1,49 @@
+"""Forms for the session pages. Validation here; the writes go through services."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django import forms
+
+from sessions_app.models import AgentProfile
+from sessions_app.services import MAX_INPUT_CHARS
+
+
+class NewSessionForm(forms.Form):
+    profile = forms.ModelChoiceField(
+        queryset=AgentProfile.objects.all(),
+        to_field_name="name",
+        empty_label=None,
+        label="Agent profile",
+        error_messages={
+            "required": "Pick an agent profile.",
+            "invalid_choice": "That agent profile does not exist.",
+        },
+    )
+
+
+class MessageForm(forms.Form):
+    text = forms.CharField(
+        label="Message",
+        max_length=MAX_INPUT_CHARS,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Message the agent", "autocomplete": "off"}),
+        error_messages={"required": "Type a message first."},
+    )
+    # A fresh key per rendered form: a resubmitted POST (refresh, double
+    # click, a retried htmx request) replays its receipt instead of running
+    # the input twice.
+    key = forms.CharField(widget=forms.HiddenInput, max_length=200, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            self.initial.setdefault("key", uuid.uuid4().hex)
+
+    def clean_text(self) -> str:
+        text: str = self.cleaned_data["text"]
+        if not text.strip():
+            raise forms.ValidationError("Type a message first.")
+        return text
