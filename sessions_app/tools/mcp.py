@@ -362,18 +362,22 @@ class MCPManager:
         if key in self._tools:
             return self._tools[key]
         # Listing has no side effects, so one retry over a fresh server is safe.
-        for attempt in (1, 2):
+        conn, client = await self._client(key)
+        try:
+            tools = await _list_all(client)
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise _unlistable(key, exc.message) from exc
+            conn.dead = True
             conn, client = await self._client(key)
             try:
                 tools = await _list_all(client)
-            except MCPError as exc:
-                if exc.code != CONNECTION_CLOSED or attempt == 2:
-                    raise MCPUnavailable(f"MCP server {key.label!r} could not list tools: {exc.message}") from exc
-                conn.dead = True
-                continue
-            self._tools[key] = tools
-            return tools
-        raise AssertionError("unreachable")
+            except Exception as again:
+                raise _unlistable(key, _describe(again)) from again
+        except Exception as exc:  # a malformed listing, a broken pipe: the server is unusable
+            raise _unlistable(key, _describe(exc)) from exc
+        self._tools[key] = tools
+        return tools
 
     async def _call_tool(self, key: ServerKey, tool: str, args: dict[str, Any], read_timeout: float) -> str:
         conn, client = await self._client(key)
@@ -407,6 +411,10 @@ def _call_error(conn: _Connection, tool: str, timeout: float, exc: MCPError) -> 
         conn.dead = True
         return _exited(tool)
     return ToolError(f"MCP error calling {tool!r}: {exc.message}")
+
+
+def _unlistable(key: ServerKey, reason: str) -> MCPUnavailable:
+    return MCPUnavailable(f"MCP server {key.label!r} could not list its tools: {reason}")
 
 
 def _exited(tool: str) -> MCPUnavailable:

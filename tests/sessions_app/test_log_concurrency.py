@@ -141,6 +141,7 @@ def _check(rows: list[tuple[int, str]], reports: list[dict[str, list[int]]], las
     # the WRITERS - 1 switches a one-after-another run would show.
     owners = [t.split(":")[0] for t in texts]
     switches = sum(1 for a, b in zip(owners, owners[1:], strict=False) if a != b)
+    print("SWITCHES", switches)
     assert switches > 4 * WRITERS, f"only {switches} writer switches: the processes did not overlap"
 
 

@@ -1,0 +1,17 @@
+"""After-commit listeners: tell reviewers' live queues that something changed.
+
+The message is only a hint ("refetch your queue"): it carries no call data,
+so a reviewer's queue is always read through the permission-checked view.
+"""
+
+from __future__ import annotations
+
+from sessions_app import hints
+from sessions_app.log import AppendedEvent, on_event
+
+GROUP = "approvals"
+
+
+@on_event("approval/requested", "approval/resolved")
+def publish_queue_hint(event: AppendedEvent) -> None:
+    hints.publisher.message(GROUP, {"type": "approvals.changed", "session": str(event.session_id), "seq": event.seq})

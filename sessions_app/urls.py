@@ -1,0 +1,17 @@
+"""Session pages. Mounted at the site root (terret_site/urls.py)."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, path
+
+from sessions_app import views
+
+app_name = "sessions"
+
+urlpatterns: list[URLPattern] = [
+    path("", views.session_list, name="list"),
+    path("sessions/new/", views.session_new, name="new"),
+    path("sessions/<uuid:session_id>/", views.session_chat, name="chat"),
+    path("sessions/<uuid:session_id>/messages/", views.session_message, name="message"),
+    path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="cancel"),
+]

@@ -1,0 +1,159 @@
+"""Cost and token usage: the running totals, the log's own sum, and display.
+
+Page views read only the running totals the append transaction keeps: on the
+Session row (per session) and in UsageDay (per profile per UTC day). Both are
+written by the same statement that inserts the step/end or usage/recorded
+event, so they cannot drift from the log. `log_sum` recomputes the figures
+from the log itself; it scans a whole session and exists for tests and admin
+consistency checks only, never for page views.
+
+Compaction never resets anything: the figures are sums over the whole log,
+compacted events included. A step or utility request the provider did not
+price counts as "unpriced", never as $0.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+from sessions_app.models import Event, Session, UsageDay
+
+USAGE_KINDS = ("step/end", "usage/recorded")
+
+
+@dataclass(frozen=True)
+class Totals:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    steps: int = 0
+    unpriced: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost": self.cost,
+            "steps": self.steps,
+            "unpriced": self.unpriced,
+        }
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def cost_display(self) -> str:
+        return format_cost(self.cost, self.unpriced)
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cost + other.cost,
+            self.steps + other.steps,
+            self.unpriced + other.unpriced,
+        )
+
+
+def usage(session: Session) -> dict[str, Any]:
+    """Lifetime usage of one session from its running totals (no log scan):
+    {prompt_tokens, completion_tokens, cost, steps, unpriced}. `cost` is a
+    Decimal covering the priced entries only; `unpriced` counts the rest."""
+    return totals_of(session).as_dict()
+
+
+def totals_of(row: Session | UsageDay | dict[str, Any]) -> Totals:
+    get = row.get if isinstance(row, dict) else lambda name: getattr(row, name)
+    return Totals(
+        int(get("prompt_tokens") or 0),
+        int(get("completion_tokens") or 0),
+        Decimal(get("cost") or 0),
+        int(get("steps") or 0),
+        int(get("unpriced_entries") or 0),
+    )
+
+
+def format_cost(cost: Decimal | float | int, unpriced: int) -> str:
+    """"$0.0123", "$0.0123 + 2 unpriced", or "unpriced" when nothing was
+    priced: an unknown price is never shown as $0."""
+    amount = Decimal(str(cost))
+    if unpriced and not amount:
+        return "unpriced"
+    text = f"${amount:.4f}"
+    return f"{text} + {unpriced} unpriced" if unpriced else text
+
+
+def entry_totals(kind: str, data: dict[str, Any]) -> Totals:
+    """What one step/end or usage/recorded event adds (mirrors the catalogue's projection)."""
+    if kind not in USAGE_KINDS:
+        return Totals()
+    steps = 1 if kind == "step/end" else 0
+    figure = data.get("usage")
+    if figure is None:
+        return Totals(steps=steps, unpriced=1)
+    cost = figure.get("cost")
+    return Totals(
+        int(figure["prompt_tokens"]),
+        int(figure["completion_tokens"]),
+        Decimal(0) if cost is None else Decimal(str(cost)),
+        steps,
+        1 if cost is None else 0,
+    )
+
+
+def sum_entries(rows: Iterable[tuple[str, dict[str, Any]]]) -> Totals:
+    total = Totals()
+    for kind, data in rows:
+        total = total + entry_totals(kind, data)
+    return total
+
+
+def log_sum(session_id: uuid.UUID | str) -> Totals:
+    """Recompute a session's usage from its log: every step/end and
+    usage/recorded, compacted or not. Scans the session; tests/admin only."""
+    rows = (
+        Event.objects.filter(session_id=session_id, kind__in=USAGE_KINDS)
+        .order_by("seq")
+        .values_list("kind", "data")
+        .iterator(chunk_size=2000)
+    )
+    return sum_entries(rows)
+
+
+def log_sum_by_day(session_ids: Iterable[uuid.UUID | str]) -> dict[date, Totals]:
+    """Per-UTC-day sums over the given sessions' logs (tests/admin checks of UsageDay)."""
+    out: dict[date, Totals] = {}
+    rows = (
+        Event.objects.filter(session_id__in=list(session_ids), kind__in=USAGE_KINDS)
+        .values_list("kind", "data", "created_at")
+        .iterator(chunk_size=2000)
+    )
+    for kind, data, at in rows:
+        day = at.date()
+        out[day] = out.get(day, Totals()) + entry_totals(kind, data)
+    return out
+
+
+def check_session(session_id: uuid.UUID | str) -> tuple[bool, Totals, Totals]:
+    """(consistent, running totals, log sum) for one session."""
+    session = Session.objects.get(id=session_id)
+    running, summed = totals_of(session), log_sum(session_id)
+    return same_totals(running, summed), running, summed
+
+
+def same_totals(a: Totals, b: Totals) -> bool:
+    # Costs are compared at the column's precision (10 decimal places).
+    q = Decimal("1e-10")
+    return (a.prompt_tokens, a.completion_tokens, a.steps, a.unpriced, a.cost.quantize(q)) == (
+        b.prompt_tokens,
+        b.completion_tokens,
+        b.steps,
+        b.unpriced,
+        b.cost.quantize(q),
+    )
