@@ -10,3 +10,6 @@ class ApprovalPermissions(models.Model):
         managed = False
         default_permissions = ()
         permissions = [("decide_approval", "Can approve or deny parked tool calls")]
+
+    def __str__(self) -> str:
+        return "approval permissions"

@@ -205,11 +205,17 @@ def inline_for(session_id: uuid.UUID | str) -> list[QueueItem]:
     row = Session.objects.filter(id=session_id).values("id", "title", "open_turn_seq").first()
     if row is None or row["open_turn_seq"] is None:
         return []
-    events = open_turn_approvals(row["id"], row["open_turn_seq"])
-    calls = pending_from_events(events)
+    return with_times(
+        row["id"], row["title"], pending_from_events(open_turn_approvals(row["id"], row["open_turn_seq"]))
+    )
+
+
+def with_times(session_id: uuid.UUID, title: str, calls: list[PendingCall]) -> list[QueueItem]:
     if not calls:
         return []
     stamps = dict(
-        Event.objects.filter(session_id=row["id"], seq__in=[c.seq for c in calls]).values_list("seq", "created_at")
+        Event.objects.filter(session_id=session_id, seq__in=[c.seq for c in calls]).values_list("seq", "created_at")
     )
-    return [QueueItem(row["id"], row["title"], c.call_id, c.name, c.args, c.seq, stamps[c.seq]) for c in calls]
+    return [
+        QueueItem(session_id, title, c.call_id, c.name, c.args, c.seq, stamps[c.seq]) for c in calls if c.seq in stamps
+    ]

@@ -73,7 +73,7 @@ def decide(
     *,
     user: Any,
     reason: str = "",
-    request_seq: int | None = None,
+    request_seq: int | str | None = None,
 ) -> AppendedEvent:
     """Record `user`'s verdict on a call parked in the session's open turn.
 
@@ -88,7 +88,7 @@ def decide(
     call_id = check_call_id(call_id)
     verdict = check_verdict(verdict)
     reason = check_reason(reason)
-    request_seq = check_request_seq(request_seq)
+    seq = check_request_seq(request_seq)
     if not is_reviewer(user):
         raise NotAllowed("deciding approvals needs the approve permission")
     session = Session.objects.filter(id=sid).only("id", "owner_id").first()
@@ -97,7 +97,7 @@ def decide(
     if not can_approve(user, session):
         raise NotAllowed("you may not decide approvals in this session")
     with log.locked(sid) as tx:
-        _waiting_request(tx, call_id, request_seq)
+        _waiting_request(tx, call_id, seq)
         data: dict[str, Any] = {"call_id": call_id, "verdict": verdict}
         if reason:
             data["reason"] = reason

@@ -3,9 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from sessions_app.models import Agent, AgentProfile, Event, Session
+from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Session
 
 
 @admin.register(AgentProfile)
@@ -60,3 +61,28 @@ class EventAdmin(admin.ModelAdmin[Event]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+    """Bearer tokens: listed by prefix, revoked here, created with
+    `manage.py create_api_token` (the token is shown once there). The stored
+    hash is never shown."""
+
+    list_display = ["prefix", "name", "user", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["prefix", "name", "user__username"]
+    list_select_related = ["user"]
+    fields = ["prefix", "name", "user", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "user", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_tokens"]
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        from sessions_app.api.auth import revoke
+
+        count = revoke(queryset)
+        self.message_user(request, f"Revoked {count} token(s).")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tokens are issued by `manage.py create_api_token`, which shows the token once

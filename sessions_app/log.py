@@ -105,12 +105,18 @@ class _Dispatcher:
     seq waits until every earlier reservation made in this process has either
     committed or rolled back. That keeps order even when two threads' commit
     callbacks run in the opposite order to their commits.
+
+    An autocommit append (the Postgres fast path) cannot reserve: its seq is
+    known only when its statement returns, already committed. While one is in
+    flight (begin() .. end()) nothing of its session is delivered, because an
+    event committed after it, with a higher seq, may already be waiting.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reserved: dict[uuid.UUID, set[int]] = defaultdict(set)
         self._ready: dict[uuid.UUID, dict[int, AppendedEvent]] = defaultdict(dict)
+        self._inflight: dict[uuid.UUID, int] = defaultdict(int)
         self._draining = False
 
     def reserve(self, session_id: uuid.UUID, seq: int) -> None:
@@ -127,9 +133,28 @@ class _Dispatcher:
             self._ready[event.session_id][event.seq] = event
         self._drain()
 
+    def begin(self, session_id: uuid.UUID) -> None:
+        with self._lock:
+            self._inflight[session_id] += 1
+
+    def end(self, session_id: uuid.UUID, event: AppendedEvent | None) -> None:
+        """The in-flight autocommit append finished: committed as `event`, or
+        failed (None)."""
+        with self._lock:
+            if event is not None:
+                self._ready[session_id][event.seq] = event
+            left = self._inflight[session_id] - 1
+            if left > 0:
+                self._inflight[session_id] = left
+            else:
+                del self._inflight[session_id]
+        self._drain()
+
     def _next_batch(self) -> list[AppendedEvent]:
         out: list[AppendedEvent] = []
         for sid in list(self._ready):
+            if self._inflight.get(sid):
+                continue
             ready = self._ready[sid]
             reserved = self._reserved.get(sid, set())
             for seq in sorted(ready):
@@ -361,6 +386,8 @@ def append(session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fenc
     written), SessionNotFound, or LeaseLost for a superseded fence."""
     sid = uuid.UUID(str(session_id))
     catalogue.validate(kind, data)  # fail before opening a transaction
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        return _append_autocommit(sid, kind, data, fence)
     track = not connection.in_atomic_block
     event: AppendedEvent | None = None
     try:
@@ -373,4 +400,22 @@ def append(session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fenc
         if track and event is not None:
             dispatcher.release(sid, [event.seq])
         raise
+    return event
+
+
+def _append_autocommit(sid: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:
+    """Postgres fast path: the UPDATE-then-INSERT statement is its own
+    transaction (one round trip, committed when it returns). There is no
+    pre-commit reservation here, so the dispatcher holds the session's
+    deliveries while the statement is in flight (see _Dispatcher)."""
+    dispatcher.begin(sid)
+    event: AppendedEvent | None = None
+    try:
+        event = _insert(sid, kind, data, fence)
+    finally:
+        dispatcher.end(sid, event)
+    assert event is not None
+    from sessions_app import hints
+
+    hints.publish_event(event.session_id, event.seq)
     return event

@@ -46,7 +46,8 @@ def render(kind: str, data: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"{kind} is not model-visible")
 
 
-def derive_messages(session_id: uuid.UUID | str) -> list[dict[str, Any]]:
+def derive_messages(session_id: uuid.UUID | str, *, until_seq: int | None = None) -> list[dict[str, Any]]:
+    """The model's view of the session; with until_seq, as of that seq."""
     compaction = latest_compaction(session_id)
     messages: list[dict[str, Any]] = []
     after = 0
@@ -60,5 +61,7 @@ def derive_messages(session_id: uuid.UUID | str) -> list[dict[str, Any]]:
         .order_by("seq")
         .values_list("kind", "data")
     )
+    if until_seq is not None:
+        rows = rows.filter(seq__lte=until_seq)
     messages.extend(render(kind, data) for kind, data in rows)
     return messages

@@ -34,6 +34,16 @@ def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]
     return [LoggedEvent(s, k, d) for s, k, d in rows]
 
 
+def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> list[LoggedEvent]:
+    """What was committed after `seen` (a driver catching up between steps)."""
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=seen)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")[:limit]
+    )
+    return [LoggedEvent(s, k, d) for s, k, d in rows]
+
+
 def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int) -> list[LoggedEvent]:
     """Queued input not yet consumed: input/queued events after the inbox cursor."""
     rows = (

@@ -24,6 +24,17 @@ def drive_session(session_id: str) -> str:
         connection.close()  # hand the pooled connection back between tasks
 
 
+@shared_task(name="terret.post_turn", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def post_turn_task(session_id: str) -> None:
+    """Titling and the compaction trigger after a turn/end (safe to run twice)."""
+    from sessions_app.listeners import post_turn
+
+    try:
+        post_turn(session_id)
+    finally:
+        connection.close()
+
+
 @shared_task(name="terret.sweep", ignore_result=True)
 def sweep_sessions() -> int:
     from sessions_app.runtime.sweep import sweep

@@ -249,7 +249,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def session_new(request: HttpRequest) -> HttpResponse:
-    form = NewSessionForm(request.POST or None)
+    form = NewSessionForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
             session = services.create_session(request.user, form.cleaned_data["profile"])
@@ -309,14 +309,14 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
                 if notice:
                     messages.info(request, notice)
                 return HttpResponseRedirect(f"{reverse('sessions:chat', args=[session.id])}#composer")
-            ctx = {"form": MessageForm(), "chat_url": reverse("sessions:chat", args=[session.id]), "notice": notice}
-            ctx["session"] = session
+            ctx = {"session": session, "form": MessageForm(), "notice": notice, "refocus": True}
             return render(request, "sessions/chat.html#composer", ctx)
     if htmx:
-        ctx = {"form": form, "session": session, "chat_url": reverse("sessions:chat", args=[session.id])}
+        ctx = {"session": session, "form": form, "refocus": True}
         return render(request, "sessions/chat.html#composer", ctx, status=400)
-    session.refresh_from_db()
-    return render(request, "sessions/chat.html", _chat_context(request, session, form=form), status=400)
+    ctx = _chat_context(request, session, form=form)
+    ctx["refocus"] = True
+    return render(request, "sessions/chat.html", ctx, status=400)
 
 
 @login_required

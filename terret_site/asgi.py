@@ -7,15 +7,19 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "terret_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from sessions_app.ws_auth import SocketAuthStack  # noqa: E402
 from terret_site.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Serves STATIC_URL from the finders (static/, app static dirs): the
+        # vendored htmx and the live client load without a CDN or a proxy.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        # Cookie sockets pass AllowedHostsOriginValidator + AuthMiddlewareStack;
+        # ?token= / Bearer sockets are authenticated by the token (ws_auth.py).
+        "websocket": SocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )

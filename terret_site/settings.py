@@ -199,5 +199,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO") or "INFO"},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }

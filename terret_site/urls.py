@@ -6,5 +6,8 @@ from django.urls import URLPattern, URLResolver, include, path
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("api/", include("sessions_app.api.urls")),
+    path("approvals/", include("approvals_app.urls")),
+    path("", include("policies_app.urls")),
     path("", include("sessions_app.urls")),
 ]

@@ -30,11 +30,12 @@ from sessions_app import hints, log
 from sessions_app.llm.types import ModelError, ModelReply, ToolCall
 from sessions_app.log import AppendedEvent, LeaseLost
 from sessions_app.models import AgentProfile, Session
-from sessions_app.projection import derive_messages
+from sessions_app.events import MODEL_VISIBLE
+from sessions_app.projection import derive_messages, render
 from sessions_app.runtime import hooks
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.models import resolve_spec
-from sessions_app.selectors import LoggedEvent, agent_for_session, pending_inputs, turn_events
+from sessions_app.selectors import LoggedEvent, agent_for_session, events_since, pending_inputs, turn_events
 from sessions_app.tools.base import Definition, ToolContext
 
 logger = logging.getLogger(__name__)
@@ -100,17 +101,19 @@ class TurnState:
     """The open turn, parsed from its events (bounded: one turn)."""
 
     events: list[LoggedEvent]
-    turn_seq: int = 0
     max_step: int = 0
     open_step: int | None = None
     open_step_seq: int = 0
     cancel_requested: bool = False
     has_input: bool = False
+    ended: bool = False
     results: dict[str, int] = field(default_factory=dict)
+    consumed: set[int] = field(default_factory=set)
+    queued: list[int] = field(default_factory=list)
 
     @classmethod
     def parse(cls, events: list[LoggedEvent]) -> TurnState:
-        st = cls(events, turn_seq=events[0].seq if events else 0)
+        st = cls(events)
         for e in events:
             if e.kind == "step/start":
                 st.max_step = max(st.max_step, e.data["step"])
@@ -121,16 +124,28 @@ class TurnState:
                 st.cancel_requested = True
             elif e.kind in ("user/message", "context/injected"):
                 st.has_input = True
+                if "source_seq" in e.data:
+                    st.consumed.add(e.data["source_seq"])
+            elif e.kind == "input/queued":
+                st.queued.append(e.seq)
             elif e.kind == "tool/result":
                 st.results[e.data["call_id"]] = e.seq
+            elif e.kind == "turn/end":
+                st.ended = True
         return st
 
+    @property
+    def inbox_pending(self) -> bool:
+        return any(seq not in self.consumed for seq in self.queued)
+
     def assistant_in_open_step(self) -> LoggedEvent | None:
+        if self.open_step is None:
+            return None
         found = None
         for e in self.events:
             if e.seq > self.open_step_seq and e.kind == "assistant/message":
                 found = e
-        return found if self.open_step is not None else None
+        return found
 
     def owed_calls(self, message: LoggedEvent) -> list[ToolCall]:
         """Tool calls of `message` with no tool/result after it."""
@@ -142,6 +157,11 @@ class TurnState:
 
 
 class TurnRunner:
+    """Runs one open turn. It reads the turn once and then only what is new
+    (one bounded query per step), and keeps the model's message list in
+    memory, extending it with each new model-visible event; compaction cannot
+    interleave because it declines while a turn is open."""
+
     def __init__(self, session_id: uuid.UUID, profile: AgentProfile, lease: leases.Lease) -> None:
         from sessions_app.tools.registry import registry_for_profile
 
@@ -149,17 +169,38 @@ class TurnRunner:
         self.profile = profile
         self.lease = lease
         self.registry = registry_for_profile(profile)
+        self.events: list[LoggedEvent] = []
+        self.seen = 0
+        self.messages: list[dict[str, Any]] = []
+        self.spec = ""
 
     # -- plumbing
 
     def append(self, kind: str, data: dict[str, Any]) -> AppendedEvent:
         return log.append(self.sid, kind, data, fence=self.lease.fence)
 
-    def state(self) -> TurnState:
+    def load(self) -> bool:
         turn_seq = Session.objects.filter(id=self.sid).values_list("open_turn_seq", flat=True).get()
         if turn_seq is None:
-            return TurnState([])
-        return TurnState.parse(turn_events(self.sid, turn_seq))
+            return False
+        self.events = turn_events(self.sid, turn_seq)
+        self.seen = self.events[-1].seq if self.events else turn_seq
+        self.messages = derive_messages(self.sid, until_seq=self.seen)
+        self.spec = resolve_spec("main", self.profile, self.sid) or ""
+        return True
+
+    def state(self) -> TurnState:
+        """Catch up with everything committed since the last look."""
+        new = events_since(self.sid, self.seen)
+        for e in new:
+            if e.kind in MODEL_VISIBLE and e.kind != "session/compacted":
+                self.messages.append(render(e.kind, e.data))
+            elif e.kind == "model/updated" and e.data["role"] == "main":
+                self.spec = e.data["spec"]
+        self.events.extend(new)
+        if new:
+            self.seen = new[-1].seq
+        return TurnState.parse(self.events)
 
     def end(self, status: str, error: str = "") -> str:
         self.append("turn/end", {"status": status, "error": error} if error else {"status": status})
@@ -168,16 +209,16 @@ class TurnRunner:
     # -- the turn
 
     def run(self) -> str:
-        st = self.state()
-        if not st.events:
+        if not self.load():
             return "idle"
+        st = TurnState.parse(self.events)
         resuming = st.max_step > 0
-        if not resuming and not st.cancel_requested:
+        if st.cancel_requested:
+            return self.close_cancelled(st)
+        if not resuming:
             reason = hooks.first_rejection(hooks.StepContext(self.sid, self.profile))
             if reason:
                 return self.end("rejected", reason)
-        if st.cancel_requested:
-            return self.close_cancelled(st)
         if st.open_step is not None:
             outcome = self.close_open_step(st)
             if outcome is not None:
@@ -191,10 +232,12 @@ class TurnRunner:
             step = st.max_step + 1
             if step > MAX_STEPS:
                 return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
-            self.drain_inbox()
-            if st.max_step == 0 and not self.state().has_input:
+            if st.inbox_pending:
+                self.drain_inbox()
+                st = self.state()
+            if st.max_step == 0 and not st.has_input:
                 return self.end("empty")
-            outcome = self.step(step, resuming)
+            outcome = self.step(step, resuming, st)
             if outcome is not None:
                 return outcome
 
@@ -219,11 +262,10 @@ class TurnRunner:
             for item in pending_inputs(self.sid, tx.row["inbox_seq"]):
                 tx.append("context/injected", {"text": item.data["text"], "source_seq": item.seq})
 
-    def step(self, step: int, resuming: bool) -> str | None:
-        spec = resolve_spec("main", self.profile, self.sid) or ""
+    def step(self, step: int, resuming: bool, st: TurnState) -> str | None:
+        spec = self.spec
         self.append("step/start", {"step": step, "model": spec})
-        messages = [{"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}]
-        messages += derive_messages(self.sid)
+        messages = [{"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}, *self.messages]
         try:
             reply = self.call_model(spec, messages, step)
         except ModelError as exc:
@@ -233,9 +275,11 @@ class TurnRunner:
                 logger.warning("resume of %s failed: %s", self.sid, exc)
                 return "resume_failed"
             return self.end("failed", f"model call failed: {exc}")
-        message = self.append("assistant/message", _assistant_payload(reply))
-        st = self.state()
-        if reply.tool_calls and self.execute_calls(LoggedEvent(message.seq, message.kind, message.data), st) == "parked":
+        appended = self.append("assistant/message", _assistant_payload(reply))
+        message = LoggedEvent(appended.seq, appended.kind, appended.data)
+        # `st` predates this message, which is right: its calls have no
+        # results or verdicts yet, and earlier verdicts of the turn are in it.
+        if reply.tool_calls and self.execute_calls(message, st) == "parked":
             return "parked"
         end: dict[str, Any] = {"step": step}
         if reply.usage is not None:
@@ -262,11 +306,11 @@ class TurnRunner:
     def execute_calls(self, message: LoggedEvent, st: TurnState) -> str:
         parked = False
         for call in st.owed_calls(message):
-            if self.run_call(call, st, message.seq) == "parked":
+            if self.run_call(call, st) == "parked":
                 parked = True
         return "parked" if parked else "done"
 
-    def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> str:
+    def run_call(self, call: ToolCall, st: TurnState) -> str:
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
@@ -279,11 +323,9 @@ class TurnRunner:
         veto = hooks.first_veto(hooks.CallContext(self.sid, self.profile, defn, args))
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
-        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
+        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args)
         if decision.action == "ask":
-            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
-                # Cancelled meanwhile: asking now would leave a request no one denies.
-                return self.result(call, "cancelled: the turn was cancelled", True)
+            self.append("approval/requested", {"call_id": call.id, "name": call.name, "args": args})
             return "parked"
         if decision.action == "park":
             return "parked"

@@ -206,6 +206,8 @@ class _Connection:
         return self.client
 
     def _on_eof(self) -> None:
+        if not self._stop.is_set():
+            logger.warning("MCP server %r exited; it restarts on the next call", self.key.label)
         self.dead = True
         self._stop.set()
 

@@ -162,7 +162,10 @@ def test_failed_commit_in_locked_does_not_stall_later_events(make_session: Any, 
     assert not log.dispatcher._reserved and not log.dispatcher._ready
 
 
+@pytest.mark.embedded
 def test_failed_commit_in_append_does_not_stall_later_events(make_session: Any, listen: Listen) -> None:
+    # On Postgres append() outside a transaction is one autocommit statement
+    # with no client-side COMMIT; the test below covers its failure instead.
     s = make_session()
     seen = listen()
     with pytest.raises(DatabaseError), failing_commit():
@@ -171,6 +174,25 @@ def test_failed_commit_in_append_does_not_stall_later_events(make_session: Any, 
     append(s.id, "user/message", {"text": "after"})
     assert [e.seq for e in seen] == [2]
     assert not log.dispatcher._reserved and not log.dispatcher._ready
+
+
+def test_failed_append_statement_does_not_stall_later_events(
+    make_session: Any, listen: Listen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make_session()
+    seen = listen()
+    real_insert = log._insert
+
+    def failing_insert(*args: Any) -> AppendedEvent:
+        raise DatabaseError("simulated statement failure")
+
+    monkeypatch.setattr(log, "_insert", failing_insert)
+    with pytest.raises(DatabaseError):
+        append(s.id, "turn/start", {})
+    monkeypatch.setattr(log, "_insert", real_insert)
+    append(s.id, "turn/start", {})
+    assert [e.seq for e in seen] == [1]
+    assert not log.dispatcher._reserved and not log.dispatcher._ready and not log.dispatcher._inflight
 
 
 # --- the dispatcher itself: deterministic ordering rules ---------------------
@@ -198,6 +220,29 @@ def test_dispatcher_holds_a_later_commit_until_the_earlier_reservation_resolves(
     d.committed(_ev(sid, 1))
     assert [e.seq for e in recorded] == [1, 2]
     assert not d._ready and not d._reserved  # nothing left behind
+
+
+@pytest.mark.django_db(transaction=False)
+def test_dispatcher_holds_a_session_while_an_autocommit_append_is_in_flight(
+    recorded: list[AppendedEvent],
+) -> None:
+    """Thread A's autocommit statement commits seq 1; before A hands it over,
+    thread B (row lock free again) commits seq 2 through locked() and its
+    callback runs. Seq 2 must wait for A."""
+    d = _Dispatcher()
+    sid, other = uuid.uuid4(), uuid.uuid4()
+    d.begin(sid)  # A's statement is running
+    d.reserve(sid, 2)
+    d.committed(_ev(sid, 2))
+    d.committed(_ev(other, 1))  # other sessions flow meanwhile
+    assert [(e.session_id, e.seq) for e in recorded] == [(other, 1)]
+    d.end(sid, _ev(sid, 1))
+    assert [(e.session_id, e.seq) for e in recorded] == [(other, 1), (sid, 1), (sid, 2)]
+    d.begin(sid)
+    d.end(sid, None)  # a failed statement releases the hold
+    d.committed(_ev(sid, 3))
+    assert recorded[-1].seq == 3
+    assert not d._ready and not d._reserved and not d._inflight
 
 
 @pytest.mark.django_db(transaction=False)
@@ -245,4 +290,4 @@ def test_threads_appending_deliver_in_seq_order(make_session: Any, listen: Liste
     assert not errors, errors
     total = 8 * (per_thread + per_thread // 5)
     assert [e.seq for e in seen] == list(range(1, total + 1))
-    assert not log.dispatcher._ready and not log.dispatcher._reserved
+    assert not log.dispatcher._ready and not log.dispatcher._reserved and not log.dispatcher._inflight

@@ -1,0 +1,254 @@
+"""Turn runtime benchmark through real Celery worker processes on Postgres and Redis.
+
+  DATABASE_URL=postgres://root@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/11 \
+      .venv/bin/python bench/turns.py
+
+(a) overhead per step: the model answers instantly through the local SSE
+    server, one no-op tool per step, 25-step turns; median ms per step next to
+    the raw append latency (psycopg: row lock, insert, commit) measured now.
+(b) concurrency: 200 turns at once, model latency 1 s per call (2 calls per
+    turn), on one worker host; wall time / ideal.
+(c) recovery: a worker is SIGKILLed mid-model-stream; time from a fresh
+    worker's start to the resumed turn's turn/end.
+Targets: (a) <= 6 raw appends per step; (b) wall <= 1.5x ideal; (c) <= 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._setup import ROOT, scratch_database  # noqa: E402
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
+os.environ.setdefault("TERRET_QUEUE", "bench")
+os.environ.setdefault("TERRET_CHANNEL_PREFIX", "bench")
+os.environ["TERRET_WORKER"] = "celery"
+
+
+def raw_append_latency(url: str, n: int = 400) -> float:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS raw_head (id int primary key, seq bigint)")
+        conn.execute("CREATE TABLE IF NOT EXISTS raw_log (id int, seq bigint, kind text, data jsonb, at timestamptz)")
+        conn.execute("INSERT INTO raw_head VALUES (1, 0) ON CONFLICT DO NOTHING")
+        conn.commit()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with conn.transaction():
+                seq = conn.execute("SELECT seq FROM raw_head WHERE id = 1 FOR UPDATE").fetchone()[0] + 1  # type: ignore[index]
+                conn.execute(
+                    "INSERT INTO raw_log VALUES (1, %s, 'tool/result', %s, now())", [seq, '{"content": "ok"}']
+                )
+                conn.execute("UPDATE raw_head SET seq = %s WHERE id = 1", [seq])
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def start_worker(name: str, concurrency: int, **env: str) -> subprocess.Popen[bytes]:
+    full = dict(os.environ, TERRET_LEASE_SECONDS="2", TERRET_SWEEP_SECONDS="0.5", **env)
+    log = open(f"/tmp/terret-bench-{name}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "terret_site", "worker", "--pool", "threads",
+         "--concurrency", str(concurrency), "-Q", os.environ["TERRET_QUEUE"], "-n", f"{name}@%h",
+         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+        cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    return proc
+
+
+def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    from terret_site.celery import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"worker died: see /tmp/terret-bench-*.log (exit {proc.returncode})")
+        replies = app.control.ping(timeout=0.5) or []
+        if len(replies) >= 1:
+            return
+    raise SystemExit("worker did not become ready")
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def purge() -> None:
+    from django.conf import settings
+
+    from terret_site.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+def make_sessions(n: int, profile_name: str, tools: list[str]) -> list[Any]:
+    from django.contrib.auth.models import User
+
+    from sessions_app import services
+    from sessions_app.models import AgentProfile
+
+    user, _ = User.objects.get_or_create(username="bench")
+    profile, _ = AgentProfile.objects.get_or_create(
+        name=profile_name, defaults={"roles": {"main": "bench/model"}, "builtin_tools": tools, "allow_floor": ["*"]}
+    )
+    return [services.create_session(user, profile, agent_id=f"{profile_name}-{i}") for i in range(n)]
+
+
+def wait_turn_ends(ids: list[Any], count: int = 1, timeout: float = 300) -> float:
+    from sessions_app.models import Event
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = Event.objects.filter(session_id__in=ids, kind="turn/end").count()
+        if done >= len(ids) * count:
+            return time.perf_counter()
+        time.sleep(0.02)
+    raise SystemExit(f"timed out: {done}/{len(ids) * count} turns ended")
+
+
+def case_a(turns: int) -> tuple[float, float]:
+    from sessions_app import services
+    from sessions_app.models import Event
+    from tests.fakes.fake_llm import FakeLLM, Reply
+
+    def respond(body: dict[str, Any]) -> Reply:
+        tool_results = sum(1 for m in body["messages"] if m.get("role") == "tool")
+        if tool_results < 24:
+            return Reply(tool_calls=[("debug.noop", {})], usage=(10, 2, 0.0))
+        return Reply(text="done", usage=(10, 2, 0.0))
+
+    with FakeLLM(respond) as fake:
+        worker = start_worker("a", 8, TERRET_LLM_BASE_URL=fake.base_url, TERRET_LLM_API_KEY="bench")
+        try:
+            wait_ready(worker)
+            sessions = make_sessions(turns, "bench-a", ["debug.noop"])
+            per_step: list[float] = []
+            for s in sessions:
+                services.inject(s.id, "go", wake=True)
+                wait_turn_ends([s.id])
+                stamps = list(
+                    Event.objects.filter(session=s, kind__in=["step/start", "turn/end"])
+                    .order_by("seq")
+                    .values_list("created_at", flat=True)
+                )
+                steps = len(stamps) - 1
+                assert steps == 25, steps
+                per_step.append((stamps[-1] - stamps[0]).total_seconds() * 1000 / steps)
+            return statistics.median(per_step), min(per_step)
+        finally:
+            kill(worker)
+
+
+def case_b(turns: int, workers: int, concurrency: int, latency: float) -> tuple[float, float]:
+    from sessions_app import services
+
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--port", "0", "--latency", str(latency),
+         "--mode", "tool-then-final", "--tool", "debug.noop"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert fake.stdout is not None
+    base_url = fake.stdout.readline().strip().split()[-1]
+    procs = [
+        start_worker(f"b{i}", concurrency, TERRET_LLM_BASE_URL=base_url, TERRET_LLM_API_KEY="bench")
+        for i in range(workers)
+    ]
+    try:
+        for p in procs:
+            wait_ready(p)
+        time.sleep(1.0)
+        sessions = make_sessions(turns, "bench-b", ["debug.noop"])
+        ids = [s.id for s in sessions]
+        t0 = time.perf_counter()
+        threads = [
+            threading.Thread(target=lambda chunk: [services.inject(i, "go", wake=True) for i in chunk], args=(ids[k::8],))
+            for k in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        t_end = wait_turn_ends(ids)
+        wall = t_end - t0
+        ideal = 2 * latency
+        return wall, ideal
+    finally:
+        for p in procs:
+            kill(p)
+        fake.terminate()
+
+
+def case_c() -> float:
+    from sessions_app import services
+    from sessions_app.models import Event
+    from tests.fakes.fake_llm import FakeLLM, Reply
+
+    with FakeLLM() as fake:
+        fake.script(Reply(text="never ends", hang=True), Reply(text="recovered"))
+        env = {"TERRET_LLM_BASE_URL": fake.base_url, "TERRET_LLM_API_KEY": "bench"}
+        first = start_worker("c1", 8, **env)
+        wait_ready(first)
+        (session,) = make_sessions(1, "bench-c", ["debug.noop"])
+        services.inject(session.id, "go", wake=True)
+        while len(fake.requests) < 1:
+            time.sleep(0.01)
+        kill(first)
+        time.sleep(2.2)  # the dead worker's lease (2 s) runs out
+        t0 = time.perf_counter()
+        second = start_worker("c2", 8, **env)
+        try:
+            t_end = wait_turn_ends([session.id], timeout=60)
+            assert Event.objects.filter(session=session, kind="turn/start").count() == 1
+            return t_end - t0
+        finally:
+            kill(second)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns-a", type=int, default=5)
+    parser.add_argument("--turns-b", type=int, default=200)
+    parser.add_argument("--workers-b", type=int, default=2)
+    parser.add_argument("--concurrency-b", type=int, default=128)
+    parser.add_argument("--latency-b", type=float, default=1.0)
+    parser.add_argument("--only", choices=["a", "b", "c"])
+    args = parser.parse_args()
+    url = scratch_database("terret_bench_turns")
+    purge()
+    if args.only in (None, "a"):
+        raw = raw_append_latency(url)
+        median, best = case_a(args.turns_a)
+        print(f"(a) raw append (lock+insert+commit): {raw:.2f} ms")
+        print(f"(a) runtime per step (25-step turns, instant model, no-op tool): median {median:.2f} ms, best {best:.2f} ms")
+        print(f"(a) step / raw append: {median / raw:.2f} (target <= 6)")
+    if args.only in (None, "b"):
+        purge()
+        wall, ideal = case_b(args.turns_b, args.workers_b, args.concurrency_b, args.latency_b)
+        print(
+            f"(b) {args.turns_b} turns at once, {args.workers_b} worker processes x {args.concurrency_b} threads, "
+            f"model latency {args.latency_b}s x 2 calls: wall {wall:.2f}s, ideal {ideal:.2f}s"
+        )
+        print(f"(b) wall / ideal: {wall / ideal:.2f} (target <= 1.5)")
+    if args.only in (None, "c"):
+        purge()
+        print(f"(c) recovery, fresh worker start -> turn/end: {case_c():.2f}s (target <= 2)")
+
+
+if __name__ == "__main__":
+    main()

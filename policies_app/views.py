@@ -1,0 +1,88 @@
+"""The per-session policy editor at /sessions/<id>/policy/.
+
+Anyone who may view the session sees its patterns and their history; only
+its owner and staff may change them (sessions_app.permissions.can_drive).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from approvals_app.errors import NotAllowed, UnknownSession
+from policies_app import services
+from policies_app.patterns import MAX_PATTERNS, InvalidPattern, parse_lines
+from policies_app.selectors import current_policy, history
+from sessions_app.errors import TerretError
+from sessions_app.models import Session
+from sessions_app.permissions import can_drive, can_view
+
+TEMPLATE = "policies/editor.html"
+MAX_EDITOR_CHARS = 50_000
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def editor(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    session = Session.objects.select_related("profile").filter(id=session_id).first()
+    if session is None or not can_view(request.user, session):
+        raise Http404("no such session")
+    if request.method == "GET":
+        return _render(request, session)
+    if not can_drive(request.user, session):
+        raise PermissionDenied("only the session's owner or staff may change its policy")
+    text = request.POST.get("patterns", "")
+    error = ""
+    try:
+        if len(text) > MAX_EDITOR_CHARS:
+            raise InvalidPattern(f"the policy text is longer than {MAX_EDITOR_CHARS} characters")
+        services.update_policy(session.id, parse_lines(text), user=request.user)
+    except UnknownSession:
+        raise Http404("no such session") from None
+    except NotAllowed as exc:
+        raise PermissionDenied(str(exc)) from None
+    except TerretError as exc:
+        error = str(exc)
+    htmx = bool(getattr(request, "htmx", False))
+    if error:
+        # htmx swaps only 2xx responses; without JS the 400 page shows the error.
+        return _render(request, session, text=text, error=error, status=200 if htmx else 400, fragment=htmx)
+    if htmx:
+        return _render(request, session, notice="Policy saved; it applies from the next tool call.", fragment=True)
+    messages.success(request, "Policy saved; it applies from the next tool call.")
+    return redirect("policies:editor", session_id=session.id)
+
+
+def _render(
+    request: HttpRequest,
+    session: Session,
+    *,
+    text: str | None = None,
+    error: str = "",
+    notice: str = "",
+    status: int = 200,
+    fragment: bool = False,
+) -> HttpResponse:
+    policy = current_policy(session.id, session.profile)
+    ctx = {
+        "session": session,
+        "policy": policy,
+        "floor": list(session.profile.allow_floor) if session.profile else [],
+        "text": "\n".join(policy.patterns) if text is None else text,
+        "history": history(session.id),
+        "can_edit": can_drive(request.user, session),
+        "error": error,
+        "notice": notice,
+        "max_patterns": MAX_PATTERNS,
+    }
+    name = TEMPLATE + "#editor" if fragment else TEMPLATE
+    response = render(request, name, ctx, status=status)
+    if error:
+        response["X-Terret-Error"] = "invalid_pattern"
+    return response

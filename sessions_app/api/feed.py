@@ -1,0 +1,149 @@
+"""Reading the log for clients: pages of events, and socket frames.
+
+Frames are built from the stored JSON text without parsing it (the payload
+is spliced into the frame as-is), so a 10k-event replay costs ten page reads
+and no per-event json round trip.
+
+`FrameCache` keeps each watched session's newest frames per event loop.
+Events are immutable and committed seqs are gapless, so a cached frame is
+never stale: when 50 sockets watch one session, a commit hint costs one
+database read, not 50.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.db.models import TextField
+from django.db.models.functions import Cast
+
+from sessions_app.models import Event
+
+PAGE = 1000
+TAIL_MAX = 512
+
+Frame = tuple[int, str]  # (seq, frame text)
+
+# Socket reads run on their own small pool, not asgiref's single
+# thread-sensitive thread: one slow query must not queue every socket's reads,
+# and a long action (a compaction's model call) must not hold up reads.
+READ_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="terret-ws-read")
+
+
+def _rows(session_id: uuid.UUID, after: int, limit: int) -> list[tuple[int, str, str, Any]]:
+    qs = (
+        Event.objects.filter(session_id=session_id, seq__gt=after)
+        .order_by("seq")
+        .annotate(raw=Cast("data", TextField()))
+        .values_list("seq", "kind", "raw", "created_at")
+    )
+    return list(qs[:limit])
+
+
+def read_events(session_id: uuid.UUID, after: int, limit: int) -> list[dict[str, Any]]:
+    """Events with seq > after, in seq order, as API dicts."""
+    return [
+        {"seq": seq, "kind": kind, "data": json.loads(raw), "at": at.isoformat()}
+        for seq, kind, raw, at in _rows(session_id, after, limit)
+    ]
+
+
+def read_frames(session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[Frame]:
+    return [
+        (seq, f'{{"type":"event","seq":{seq},"kind":{json.dumps(kind)},"data":{raw},"at":"{at.isoformat()}"}}')
+        for seq, kind, raw, at in _rows(session_id, after, limit)
+    ]
+
+
+aread_frames = database_sync_to_async(read_frames, thread_sensitive=False, executor=READ_POOL)
+
+
+@dataclass
+class _Tail:
+    """The newest frames of one session, contiguous by seq."""
+
+    frames: list[Frame] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watchers: int = 0
+
+    def serve(self, after: int, target: int) -> list[Frame] | None:
+        """Frames after `after`, if this tail holds every seq up to `target`."""
+        if not self.frames:
+            return None
+        first, last = self.frames[0][0], self.frames[-1][0]
+        if after + 1 < first or target > last:
+            return None
+        start = after + 1 - first
+        return self.frames[start : start + PAGE]
+
+    def merge(self, after: int, rows: list[Frame], *, complete: bool) -> None:
+        """Fold in a page read from the database (seqs after+1.. in order).
+        `complete`: the page reached the log head when it was read."""
+        if not rows:
+            return
+        last = self.frames[-1][0] if self.frames else None
+        if last is not None and after <= last < rows[-1][0]:
+            self.frames.extend(r for r in rows if r[0] > last)
+        elif (last is None or after > last) and complete:
+            self.frames = rows[-TAIL_MAX:]
+        if len(self.frames) > TAIL_MAX:
+            del self.frames[:-TAIL_MAX]
+
+
+class FrameCache:
+    """Per event loop (asyncio locks belong to one loop)."""
+
+    def __init__(self) -> None:
+        self._tails: dict[uuid.UUID, _Tail] = {}
+
+    def watch(self, session_id: uuid.UUID) -> None:
+        self._tails.setdefault(session_id, _Tail()).watchers += 1
+
+    def unwatch(self, session_id: uuid.UUID) -> None:
+        tail = self._tails.get(session_id)
+        if tail is None:
+            return
+        tail.watchers -= 1
+        if tail.watchers <= 0:
+            del self._tails[session_id]
+
+    async def read(self, session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[Frame]:
+        """A database read; what it finds at the head is kept for the others."""
+        rows = await aread_frames(session_id, after, limit)
+        tail = self._tails.get(session_id)
+        if tail is not None:
+            tail.merge(after, rows, complete=len(rows) < limit)
+        return rows
+
+    async def live(self, session_id: uuid.UUID, after: int, target: int) -> list[Frame]:
+        """Frames after `after` when a hint said the log reaches `target`.
+        Concurrent readers of one session wait for a single database read."""
+        tail = self._tails.get(session_id)
+        if tail is None:
+            return await self.read(session_id, after)
+        hit = tail.serve(after, target)
+        if hit is not None:
+            return hit
+        async with tail.lock:
+            hit = tail.serve(after, target)
+            if hit is not None:
+                return hit
+            return await self.read(session_id, after)
+
+
+_caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameCache] = weakref.WeakKeyDictionary()
+
+
+def frame_cache() -> FrameCache:
+    loop = asyncio.get_running_loop()
+    cache = _caches.get(loop)
+    if cache is None:
+        cache = _caches[loop] = FrameCache()
+    return cache

@@ -1,0 +1,165 @@
+"""What a caller may do to a session through the program interface.
+
+The HTTP views and the socket consumer are thin: they validate the shape of a
+request, then call one function here with the authenticated user. Each
+function checks permission (sessions_app.permissions), calls one service and
+returns a JSON-ready dict. Failures are TerretErrors (see api/errors.py).
+
+A session the user may not view is reported exactly like a missing one, so
+ids cannot be probed; one the user may view but not act on is `not_allowed`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from django.db.models import QuerySet
+
+from approvals_app import selectors as approvals
+from approvals_app import services as approval_services
+from policies_app import services as policy_services
+from sessions_app import compaction, services
+from sessions_app.api import feed
+from sessions_app.api.errors import NotAllowed, UnknownSession
+from sessions_app.errors import InvalidInput
+from sessions_app.models import AgentProfile, Session
+from sessions_app.permissions import can_approve, can_drive, can_view
+from sessions_app.selectors import usage
+
+Need = Literal["view", "drive", "approve"]
+
+
+def parse_session_id(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise UnknownSession(f"no session {str(value)[:64]!r}") from None
+
+
+def session_for(user: Any, session_id: Any, need: Need) -> Session:
+    """The session, if `user` may do `need` to it."""
+    sid = parse_session_id(session_id)
+    session = Session.objects.select_related("profile").filter(id=sid).first()
+    if session is None or not can_view(user, session):
+        raise UnknownSession(f"no session {sid}")
+    if need == "drive" and not can_drive(user, session):
+        raise NotAllowed("only the session's owner or staff may do that")
+    if need == "approve" and not can_approve(user, session):
+        raise NotAllowed("deciding approvals needs the approve permission")
+    return session
+
+
+def _by(user: Any) -> str:
+    return str(user.get_username())
+
+
+# ---------------------------------------------------------------- profiles and sessions
+
+
+def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
+    """Profiles `user` may start sessions with. Profiles carry no access
+    rules yet, so any active user may use every profile."""
+    if not (user and user.is_authenticated and user.is_active):
+        return AgentProfile.objects.none()
+    return AgentProfile.objects.order_by("name")
+
+
+def list_profiles(user: Any) -> dict[str, Any]:
+    rows = usable_profiles(user).values("name", "description")
+    return {"profiles": [{"name": r["name"], "description": r["description"]} for r in rows]}
+
+
+def create_session(user: Any, profile: str) -> dict[str, Any]:
+    found = usable_profiles(user).filter(name=profile).first()
+    if found is None:
+        raise InvalidInput(f"unknown profile {profile[:64]!r}; GET /api/profiles lists yours")
+    session = services.create_session(user, found)
+    return {"id": str(session.id), "profile": found.name, "status": session.status}
+
+
+def session_detail(user: Any, session_id: Any) -> dict[str, Any]:
+    session = session_for(user, session_id, "view")
+    totals = usage(session)
+    return {
+        "id": str(session.id),
+        "profile": session.profile.name if session.profile else None,
+        "status": session.status,
+        "title": session.title,
+        "usage": {
+            "prompt_tokens": totals["prompt_tokens"],
+            "completion_tokens": totals["completion_tokens"],
+            "cost": float(totals["cost"]),
+            "steps": totals["steps"],
+            "unpriced": totals["unpriced"],
+        },
+        "last_seq": session.last_seq,
+        "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in approvals.pending(session.id)],
+    }
+
+
+def socket_access(user: Any, session_id: Any) -> dict[str, Any]:
+    """What a socket for this session may do (raises like session_for)."""
+    session = session_for(user, session_id, "view")
+    return {"session": session.id, "can_drive": can_drive(user, session), "can_approve": can_approve(user, session)}
+
+
+def head(session_id: uuid.UUID) -> int:
+    value = Session.objects.filter(id=session_id).values_list("last_seq", flat=True).first()
+    if value is None:
+        raise UnknownSession(f"no session {session_id}")
+    return int(value)
+
+
+def events(user: Any, session_id: Any, after: int, limit: int) -> dict[str, Any]:
+    session = session_for(user, session_id, "view")
+    page = feed.read_events(session.id, after, limit)
+    # Read the head after the page, so last_seq >= every seq returned.
+    return {"events": page, "last_seq": head(session.id)}
+
+
+# ---------------------------------------------------------------- actions
+
+
+def inject(
+    user: Any, session_id: Any, text: str, wake: bool = True, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    receipt = services.inject(session.id, text, wake=wake, by=_by(user), idempotency_key=idempotency_key)
+    return receipt.as_json()
+
+
+def decide(
+    user: Any, session_id: Any, call_id: str, verdict: str, reason: str | None = None, request_seq: int | None = None
+) -> dict[str, Any]:
+    session = session_for(user, session_id, "approve")
+    event = approval_services.decide(
+        session.id, call_id, verdict, user=user, reason=reason or "", request_seq=request_seq
+    )
+    return {"call_id": event.data["call_id"], "verdict": event.data["verdict"], "seq": event.seq}
+
+
+def set_policy(user: Any, session_id: Any, patterns: list[str]) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    event = policy_services.update_policy(session.id, patterns, user=user)
+    return {"patterns": event.data["patterns"], "seq": event.seq}
+
+
+def cancel(user: Any, session_id: Any) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    return {"cancelled": services.cancel(session.id, by=_by(user))}
+
+
+def compact(user: Any, session_id: Any) -> dict[str, Any]:
+    """Compact now. Runs the summarizer in the caller's thread (seconds)."""
+    session = session_for(user, session_id, "drive")
+    outcome = compaction.attempt(session.id, manual=True)
+    if isinstance(outcome, compaction.CompactionResult):
+        return {"compacted": True, "seq": outcome.seq, "upto_seq": outcome.upto_seq, "reason": None}
+    return {"compacted": False, "seq": None, "upto_seq": None, "reason": outcome.reason}
+
+
+def set_model(user: Any, session_id: Any, role: str, spec: str) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    event = services.set_model(session.id, role, spec, by=_by(user))
+    return {"role": event.data["role"], "spec": event.data["spec"], "seq": event.seq}

@@ -1,0 +1,196 @@
+"""Request and response shapes. The OpenAPI document is generated from these,
+and the socket validates its client frames with the same input models.
+
+Inputs are strict (no coercion: "true" is not a boolean, 1 is not a string)
+and closed (unknown fields are refused), so a typo is an error, not a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from ninja import Schema
+from pydantic import BaseModel, ConfigDict, Field
+
+from sessions_app.events import MODEL_ROLES
+from sessions_app.services import MAX_INPUT_CHARS
+
+MAX_KEY_CHARS = 200
+MAX_REASON_CHARS = 2000
+MAX_CALL_ID_CHARS = 200
+MAX_PATTERNS = 100
+MAX_PATTERN_CHARS = 200
+
+Role = Literal["main", "titler", "compactor"]
+assert set(MODEL_ROLES) == {"main", "titler", "compactor"}  # keep the Literal in step
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Reason = Annotated[str, Field(max_length=MAX_REASON_CHARS)]
+CallId = Annotated[str, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)]
+Pattern = Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]
+Seq = Annotated[int, Field(ge=1)]
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---------------------------------------------------------------- HTTP inputs
+
+
+class CreateSessionIn(In):
+    profile: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class InputIn(In):
+    text: Text
+    wake: bool = True
+
+
+class DecisionIn(In):
+    verdict: Literal["approve", "deny"]
+    reason: Reason | None = None
+    request_seq: Seq | None = None
+
+
+class PolicyIn(In):
+    patterns: Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
+
+
+# ---------------------------------------------------------------- socket frames
+
+
+class Frame(In):
+    id: Annotated[str, Field(max_length=64)] | int | None = None
+
+
+class InjectFrame(Frame):
+    type: Literal["inject"]
+    text: Text
+    wake: bool = True
+    idempotency_key: Key | None = None
+
+
+class DecisionFrame(Frame):
+    type: Literal["approve", "deny"]
+    call_id: CallId
+    reason: Reason | None = None
+    request_seq: Seq | None = None
+
+
+class BareFrame(Frame):
+    type: Literal["cancel", "compact", "ping"]
+
+
+class PolicyFrame(Frame):
+    type: Literal["set_policy"]
+    patterns: Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
+
+
+class ModelFrame(Frame):
+    type: Literal["set_model"]
+    role: Role
+    spec: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+FRAMES: dict[str, type[Frame]] = {
+    "inject": InjectFrame,
+    "approve": DecisionFrame,
+    "deny": DecisionFrame,
+    "cancel": BareFrame,
+    "compact": BareFrame,
+    "ping": BareFrame,
+    "set_policy": PolicyFrame,
+    "set_model": ModelFrame,
+}
+
+
+# ---------------------------------------------------------------- outputs
+
+
+class ErrorOut(Schema):
+    code: str
+    message: str
+
+
+class ProfileOut(Schema):
+    name: str
+    description: str
+
+
+class ProfilesOut(Schema):
+    profiles: list[ProfileOut]
+
+
+class CreatedOut(Schema):
+    id: str
+    profile: str
+    status: Literal["idle", "running", "waiting_approval"]
+
+
+class UsageOut(Schema):
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    steps: int
+    unpriced: int
+
+
+class PendingOut(Schema):
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    seq: int
+
+
+class SessionOut(Schema):
+    id: str
+    profile: str | None
+    status: Literal["idle", "running", "waiting_approval"]
+    title: str
+    usage: UsageOut
+    last_seq: int
+    pending_approvals: list[PendingOut]
+
+
+class ReceiptOut(Schema):
+    disposition: Literal["started", "queued"]
+    seq: int
+    turn_seq: int | None
+    idempotency_key: str | None
+    replayed: bool
+
+
+class EventOut(Schema):
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    at: str
+
+
+class EventsOut(Schema):
+    events: list[EventOut]
+    last_seq: int
+
+
+class DecisionOut(Schema):
+    call_id: str
+    verdict: Literal["approve", "deny"]
+    seq: int
+
+
+class PolicyOut(Schema):
+    patterns: list[str]
+    seq: int
+
+
+class CancelOut(Schema):
+    cancelled: bool
+
+
+class CompactOut(Schema):
+    compacted: bool
+    seq: int | None
+    upto_seq: int | None
+    reason: str | None

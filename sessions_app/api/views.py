@@ -1,0 +1,200 @@
+"""The JSON API (django-ninja). Thin: shape validation by the schemas, the
+rules in ops.py, and one error rendering for everything (api/errors.py).
+
+OpenAPI 3.1 document: GET /api/openapi.json. Protocol notes: docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from ninja import Header, NinjaAPI, Query, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from sessions_app.api import ops
+from sessions_app.api.auth import BearerAuth, CookieAuth
+from sessions_app.api.errors import (
+    CsrfFailed,
+    InvalidJson,
+    PathNotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+    as_error,
+    error_body,
+)
+from sessions_app.api.schemas import (
+    CancelOut,
+    CompactOut,
+    CreatedOut,
+    CreateSessionIn,
+    DecisionIn,
+    DecisionOut,
+    ErrorOut,
+    EventsOut,
+    InputIn,
+    PolicyIn,
+    PolicyOut,
+    ProfilesOut,
+    ReceiptOut,
+    SessionOut,
+)
+from sessions_app.errors import InvalidInput, TerretError
+
+logger = logging.getLogger(__name__)
+
+api = NinjaAPI(
+    title="Terret API",
+    version="1",
+    description="Drive Terret sessions from programs. Frames of the session socket: docs/protocol.md.",
+    urls_namespace="terret_api",
+    docs_url=None,
+    auth=[BearerAuth(), CookieAuth()],
+)
+
+# Every operation documents the errors it can answer with; the schemathesis
+# run checks the responses against this.
+_READ_ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut}
+_WRITE_ERRORS: dict[int, Any] = {**_READ_ERRORS, 409: ErrorOut, 413: ErrorOut, 429: ErrorOut}
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _render(request: HttpRequest, exc: TerretError) -> HttpResponse:
+    return api.create_response(request, error_body(exc), status=exc.status)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors[:5]:
+        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path", "header")]
+        parts.append(f"{'.'.join(loc) or 'body'}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+@api.exception_handler(TerretError)
+def _terret_error(request: HttpRequest, exc: TerretError) -> HttpResponse:
+    return _render(request, exc)
+
+
+@api.exception_handler(ValidationError)
+def _invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return _render(request, InvalidInput(_validation_message(exc)))
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if isinstance(exc, AuthenticationError) or exc.status_code == 401:
+        return _render(request, Unauthenticated("send Authorization: Bearer <token>, or sign in"))
+    if exc.status_code == 400 and "parse request body" in exc.message:
+        return _render(request, InvalidJson("the request body is not valid JSON"))
+    if exc.status_code == 403:
+        return _render(request, CsrfFailed(exc.message))
+    error = TerretError(exc.message)
+    error.status = exc.status_code
+    return _render(request, error)
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return _render(request, PathNotFound("no such API path"))
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return _render(request, PayloadTooLarge("the request body is too large"))
+
+
+@api.exception_handler(Exception)
+def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    error = as_error(exc)
+    if error.status >= 500:
+        logger.exception("API %s %s failed", request.method, request.path)
+    return _render(request, error)
+
+
+def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """Any other path under /api/: JSON, like the rest of the API."""
+    return JsonResponse(error_body(PathNotFound(f"no API path {request.path[:200]}")), status=404)
+
+
+# ---------------------------------------------------------------- routes
+
+
+def _user(request: HttpRequest) -> Any:
+    return request.auth  # type: ignore[attr-defined]
+
+
+@api.get("/profiles", response={200: ProfilesOut, **_READ_ERRORS}, tags=["profiles"])
+def list_profiles(request: HttpRequest) -> Any:
+    """The agent profiles the caller may start sessions with."""
+    return ops.list_profiles(_user(request))
+
+
+@api.post("/sessions", response={201: CreatedOut, **_WRITE_ERRORS}, tags=["sessions"])
+def create_session(request: HttpRequest, payload: CreateSessionIn) -> Any:
+    """Start a session (and its live agent) from a profile."""
+    return Status(201, ops.create_session(_user(request), payload.profile))
+
+
+@api.get("/sessions/{session_id}", response={200: SessionOut, **_READ_ERRORS}, tags=["sessions"])
+def session_detail(request: HttpRequest, session_id: str) -> Any:
+    """Status, title, usage, log head and the calls waiting for approval."""
+    return ops.session_detail(_user(request), session_id)
+
+
+@api.post("/sessions/{session_id}/inputs", response={202: ReceiptOut, **_WRITE_ERRORS}, tags=["sessions"])
+def post_input(
+    request: HttpRequest,
+    session_id: str,
+    payload: InputIn,
+    idempotency_key: str | None = Header(
+        None, alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$"
+    ),
+) -> Any:
+    """Send input. The receipt says whether it started a turn or was queued
+    for the running one. Same Idempotency-Key and payload: the original
+    receipt (replayed=true); same key, other payload: 409."""
+    return Status(202, ops.inject(_user(request), session_id, payload.text, payload.wake, idempotency_key))
+
+
+@api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])
+def list_events(
+    request: HttpRequest,
+    session_id: str,
+    after: int = Query(0, ge=0),
+    limit: int = Query(500, ge=1, le=1000),
+) -> Any:
+    """Events with seq > after, in order, at most `limit` (1-1000)."""
+    return ops.events(_user(request), session_id, after, limit)
+
+
+@api.post(
+    "/sessions/{session_id}/approvals/{call_id}", response={200: DecisionOut, **_WRITE_ERRORS}, tags=["approvals"]
+)
+def decide(request: HttpRequest, session_id: str, call_id: str, payload: DecisionIn) -> Any:
+    """Approve or deny a call parked in the open turn (reviewers)."""
+    return ops.decide(_user(request), session_id, call_id, payload.verdict, payload.reason, payload.request_seq)
+
+
+@api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])
+def set_policy(request: HttpRequest, session_id: str, payload: PolicyIn) -> Any:
+    """Replace the session's allow-list patterns."""
+    return ops.set_policy(_user(request), session_id, payload.patterns)
+
+
+@api.post("/sessions/{session_id}/cancel", response={200: CancelOut, **_WRITE_ERRORS}, tags=["sessions"])
+def cancel(request: HttpRequest, session_id: str) -> Any:
+    """Cancel the open turn (false when none was open)."""
+    return ops.cancel(_user(request), session_id)
+
+
+@api.post(
+    "/sessions/{session_id}/compact", response={200: CompactOut, **_WRITE_ERRORS, 502: ErrorOut}, tags=["sessions"]
+)
+def compact(request: HttpRequest, session_id: str) -> Any:
+    """Summarise the history now (between turns)."""
+    return ops.compact(_user(request), session_id)

@@ -1,0 +1,355 @@
+"""The session socket: /ws/sessions/{id}/?after=N. Protocol: docs/protocol.md.
+
+Three tasks per socket, so nothing one of them waits on holds up the others:
+
+- the pump sends committed events in seq order: first the replay from
+  `after` (pages of 1000 from the database), then whatever each commit hint
+  announces (read from the database or the per-process frame cache, never
+  from the hint itself). It re-reads every POLL_SECONDS too, so a lost hint
+  only delays an event, and checks then that the user may still read the
+  session.
+- the actor handles client frames one at a time, in order, each through
+  api/ops.py in a worker thread (a compaction's model call must not stop
+  events from flowing).
+- the writer drains a bounded outbox to the client. When a slow client lets
+  it fill, the pump just waits (it resumes from its last seq, the database
+  is its queue) and deltas are dropped; other sockets are unaffected.
+
+Channel-layer handlers (log_hint, log_delta) only note the news and return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from pydantic import ValidationError
+
+from sessions_app import hints
+from sessions_app.api import auth, feed, ops
+from sessions_app.api.errors import (
+    BadFrame,
+    Busy,
+    FrameTooLarge,
+    InvalidJson,
+    NotAllowed,
+    Unauthenticated,
+    UnknownType,
+    as_error,
+    error_body,
+)
+from sessions_app.api.schemas import FRAMES, Frame
+from sessions_app.errors import InvalidInput, TerretError
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 512 * 1024
+OUTBOX_MAX = 256
+PENDING_MAX = 32
+POLL_SECONDS = 5.0
+
+ACTION_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="terret-ws-act")
+
+
+def _in_thread(fn: Callable[..., Any], pool: ThreadPoolExecutor) -> Callable[..., Coroutine[Any, Any, Any]]:
+    return database_sync_to_async(fn, thread_sensitive=False, executor=pool)  # type: ignore[no-any-return]
+
+
+class AccessLost(NotAllowed):
+    """The user may no longer use this socket (token revoked, user
+    deactivated or signed out, permission removed)."""
+
+
+class _Close:
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def parse_after(scope: dict[str, Any]) -> int:
+    values = parse_qs(scope.get("query_string", b"").decode("latin1")).get("after")
+    if not values:
+        return 0
+    raw = values[-1]
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput("after must be an integer >= 0")
+    return int(raw)
+
+
+def parse_frame(text: str | None, data: bytes | None) -> Frame:
+    """A validated client frame, or a TerretError with `.frame_id` set to the
+    frame's id when it had a usable one."""
+    if text is None:
+        raise BadFrame("binary frames are not supported; send JSON text frames")
+    if len(text) > MAX_FRAME_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
+        raise FrameTooLarge(f"frames are limited to {MAX_FRAME_BYTES} bytes")
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidJson(f"frame is not valid JSON: {str(exc)[:120]}") from None
+    if not isinstance(obj, dict):
+        raise BadFrame("a frame must be a JSON object with a 'type'")
+    frame_id = obj.get("id")
+    valid_id = (isinstance(frame_id, str) and len(frame_id) <= 64) or (
+        isinstance(frame_id, int) and not isinstance(frame_id, bool)
+    )
+    try:
+        kind = obj.get("type")
+        if not isinstance(kind, str):
+            raise InvalidInput("a frame needs a string 'type'")
+        model = FRAMES.get(kind)
+        if model is None:
+            raise UnknownType(f"unknown frame type {kind[:40]!r}; see docs/protocol.md")
+        try:
+            return model.model_validate(obj)
+        except ValidationError as exc:
+            raise InvalidInput(_describe(exc)) from None
+    except TerretError as exc:
+        exc.frame_id = frame_id if valid_id else None  # type: ignore[attr-defined]
+        raise
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in error["loc"]) or "frame"
+        parts.append(f"{loc}: {error['msg']}")
+    return "; ".join(parts)
+
+
+class SessionConsumer(AsyncWebsocketConsumer):
+    sid: uuid.UUID | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def connect(self) -> None:
+        # The in-memory channel layer lives in this loop: hints from append
+        # threads are scheduled onto it (embedded mode).
+        hints.publisher.register_server_loop(asyncio.get_running_loop())
+        self.tasks: list[asyncio.Task[None]] = []
+        self.outbox: asyncio.Queue[str | _Close] = asyncio.Queue(OUTBOX_MAX)
+        self.pending: asyncio.Queue[Frame] = asyncio.Queue(PENDING_MAX)
+        self.wake = asyncio.Event()
+        self.target = 0
+        self.synced = False
+        self.deltas_dropped = 0
+        await self.accept()
+
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            return await self._refuse(Unauthenticated("sign in, or connect with ?token="), 4401)
+        self.user_id = user.pk
+        self.token_id: int | None = self.scope.get("api_token_id")
+        session = self.scope.get("session")
+        self.session_key: str | None = getattr(session, "session_key", None) if self.token_id is None else None
+        try:
+            self.last_sent = parse_after(self.scope)
+        except InvalidInput as exc:
+            return await self._refuse(exc, 4400)
+        try:
+            access = await _in_thread(ops.socket_access, feed.READ_POOL)(
+                user, self.scope["url_route"]["kwargs"]["session_id"]
+            )
+        except TerretError as exc:
+            return await self._refuse(exc, 4404 if exc.status == 404 else 4403)
+
+        self.sid = access["session"]
+        self.group = hints.group_name(self.sid)
+        feed.frame_cache().watch(self.sid)
+        # Subscribe before reading the head: every event committed after this
+        # line gets a hint, and everything before it is in the first read.
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        last_seq = await _in_thread(ops.head, feed.READ_POOL)(self.sid)
+        hello = {
+            "type": "hello",
+            "session": str(self.sid),
+            "after": self.last_sent,
+            "last_seq": last_seq,
+            "can_drive": access["can_drive"],
+            "can_approve": access["can_approve"],
+            "max_frame_bytes": MAX_FRAME_BYTES,
+        }
+        await self.outbox.put(json.dumps(hello))
+        for job in (self._writer(), self._pump(), self._actor()):
+            self.tasks.append(asyncio.create_task(self._guard(job)))
+
+    async def disconnect(self, code: int) -> None:
+        for task in getattr(self, "tasks", []):
+            task.cancel()
+        if self.sid is not None:
+            feed.frame_cache().unwatch(self.sid)
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.sid = None
+
+    async def _refuse(self, exc: TerretError, code: int) -> None:
+        await self.send(text_data=json.dumps({"type": "error", **error_body(exc)}))
+        await self.close(code=code)
+
+    async def _guard(self, job: Coroutine[Any, Any, None]) -> None:
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A broken socket must not go silent: close it so the client
+            # reconnects (with ?after=) and gets a fresh consumer.
+            logger.exception("session socket %s failed", self.sid)
+            await self.close(code=1011)
+
+    # ------------------------------------------------------------ channel layer
+
+    async def log_hint(self, message: dict[str, Any]) -> None:
+        seq = message.get("seq")
+        if isinstance(seq, int) and seq > self.target:
+            self.target = seq
+            self.wake.set()
+
+    async def log_delta(self, message: dict[str, Any]) -> None:
+        if not self.synced:
+            return  # mid-replay the client is not looking at the live step yet
+        frame = json.dumps({"type": "delta", "step": message.get("step"), "text": message.get("text", "")})
+        try:
+            self.outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.deltas_dropped += 1  # best-effort by design: assistant/message has the full text
+
+    # ------------------------------------------------------------ writer
+
+    async def _writer(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if isinstance(item, _Close):
+                await self.close(code=item.code)
+                return
+            await self.send(text_data=item)
+
+    # ------------------------------------------------------------ pump
+
+    async def _pump(self) -> None:
+        assert self.sid is not None
+        cache = feed.frame_cache()
+        while True:  # replay: straight from the database, page by page
+            rows = await cache.read(self.sid, self.last_sent)
+            await self._send_events(rows)
+            if len(rows) < feed.PAGE:
+                break
+        self.synced = True
+        await self.outbox.put(json.dumps({"type": "synced", "seq": self.last_sent}))
+        while True:
+            self.wake.clear()
+            if self.target > self.last_sent:
+                rows = await cache.live(self.sid, self.last_sent, self.target)
+                await self._send_events(rows)
+                if rows:
+                    continue
+            try:
+                await asyncio.wait_for(self.wake.wait(), POLL_SECONDS)
+            except TimeoutError:
+                try:
+                    rows = await _in_thread(self._poll, feed.READ_POOL)(self.last_sent)
+                except AccessLost as exc:
+                    await self.outbox.put(json.dumps({"type": "error", **error_body(exc)}))
+                    await self.outbox.put(_Close(4403))
+                    return
+                await self._send_events(rows)
+
+    async def _send_events(self, rows: list[feed.Frame]) -> None:
+        for seq, text in rows:
+            if seq <= self.last_sent:
+                continue
+            await self.outbox.put(text)  # waits while a slow client's outbox is full
+            self.last_sent = seq
+
+    def _poll(self, after: int) -> list[feed.Frame]:
+        assert self.sid is not None
+        try:
+            ops.session_for(self._current_user(), self.sid, "view")
+        except TerretError as exc:
+            raise AccessLost(f"you may no longer read this session: {exc}") from None
+        return feed.read_frames(self.sid, after)
+
+    # ------------------------------------------------------------ client frames
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            frame = parse_frame(text_data, bytes_data)
+        except TerretError as exc:
+            await self._reply_error(getattr(exc, "frame_id", None), exc)
+            return
+        try:
+            self.pending.put_nowait(frame)
+        except asyncio.QueueFull:
+            await self._reply_error(frame.id, Busy(f"more than {PENDING_MAX} frames are waiting; slow down"))
+
+    async def _reply_error(self, frame_id: Any, exc: TerretError) -> None:
+        reply: dict[str, Any] = {"type": "error"}
+        if frame_id is not None:
+            reply["id"] = frame_id
+        await self.outbox.put(json.dumps({**reply, **error_body(exc)}))
+
+    async def _actor(self) -> None:
+        while True:
+            frame = await self.pending.get()
+            try:
+                result = await _in_thread(self._perform, ACTION_POOL)(frame)
+            except Exception as exc:
+                error = as_error(exc)
+                if error.status >= 500:
+                    logger.exception("socket frame %s on session %s failed", frame.type, self.sid)  # type: ignore[attr-defined]
+                await self._reply_error(frame.id, error)
+                if isinstance(exc, AccessLost):
+                    await self.outbox.put(_Close(4403))
+                    return
+                continue
+            reply: dict[str, Any] = {"type": "ack"}
+            if frame.id is not None:
+                reply["id"] = frame.id
+            await self.outbox.put(json.dumps({**reply, "op": frame.type, **result}))  # type: ignore[attr-defined]
+
+    def _perform(self, frame: Any) -> dict[str, Any]:
+        """Runs in a worker thread: who is acting now, then one operation."""
+        user = self._current_user()
+        sid = self.sid
+        match frame.type:
+            case "inject":
+                return {"receipt": ops.inject(user, sid, frame.text, frame.wake, frame.idempotency_key)}
+            case "approve" | "deny":
+                return ops.decide(user, sid, frame.call_id, frame.type, frame.reason, frame.request_seq)
+            case "cancel":
+                return ops.cancel(user, sid)
+            case "compact":
+                return ops.compact(user, sid)
+            case "set_policy":
+                return ops.set_policy(user, sid, frame.patterns)
+            case "set_model":
+                return ops.set_model(user, sid, frame.role, frame.spec)
+            case "ping":
+                ops.session_for(user, sid, "view")
+                return {}
+        raise InvalidInput(f"unhandled frame type {frame.type!r}")  # FRAMES and this match are out of step
+
+    def _current_user(self) -> Any:
+        """The user, re-read for every frame: a token revoked or a user
+        deactivated since the socket opened stops working at once."""
+        user = auth.active_user(self.user_id)
+        if user is None:
+            raise AccessLost("this account is inactive")
+        if self.token_id is not None and not auth.token_is_live(self.token_id):
+            raise AccessLost("this token was revoked")
+        if self.session_key is not None and not _session_exists(self.session_key):
+            raise AccessLost("you have signed out")
+        return user
+
+
+def _session_exists(key: str) -> bool:
+    engine = import_module(settings.SESSION_ENGINE)
+    return bool(engine.SessionStore().exists(key))

@@ -1,0 +1,118 @@
+"""Titling: every session gets exactly one session/titled, at its first turn/end.
+
+The titler model role writes the title when it is configured (and answers);
+otherwise the title is the first user message, whitespace collapsed and
+truncated to 40 characters. Whatever the source, the stored title is capped
+at 80 characters. session/titled is metadata: never model-visible.
+
+Exactly one, even with concurrent workers or a retried task: the model call
+happens outside any lock, then the decision is check-then-append under the
+session row lock (the `title` projection column is non-empty once a
+session/titled exists). A loser of that race appends no title, but still
+records the titler's usage: the spend happened.
+
+A session whose first turn carried no user text (an "empty" turn) is titled
+at the first turn/end that follows some user text.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from django.db import connection
+
+from sessions_app import log
+from sessions_app.llm.types import ModelError, Usage
+from sessions_app.models import AgentProfile, Event, Session
+
+logger = logging.getLogger(__name__)
+
+FALLBACK_CHARS = 40
+TITLE_MAX = 80
+# What the titler sees: the opening user message (the start is what names a conversation).
+TITLER_INPUT_CHARS = 4000
+TITLER_PROMPT = (
+    "Write a short title (at most 8 words) for a conversation that opens with the user's message below. "
+    "Reply with the title only: no quotes, no trailing punctuation."
+)
+_SPACE = re.compile(r"\s+")
+_QUOTES = "\"'`“”‘’«»"
+
+
+def clean(text: str | None, limit: int = TITLE_MAX) -> str:
+    """One line, whitespace collapsed, wrapping quotes dropped, at most `limit` characters."""
+    line = next((ln for ln in (text or "").splitlines() if ln.strip()), "")
+    line = _SPACE.sub(" ", line).strip().strip(_QUOTES).strip()
+    if line.lower().startswith("title:"):
+        line = line[6:].strip().strip(_QUOTES).strip()
+    return line[:limit].rstrip()
+
+
+def fallback_title(first_user_text: str) -> str:
+    """The first user message truncated to 40 characters."""
+    return _SPACE.sub(" ", first_user_text).strip()[:FALLBACK_CHARS].rstrip()
+
+
+def first_user_text(session_id: uuid.UUID | str) -> str | None:
+    """The first user text of the session (index walk: (session, kind, seq))."""
+    row = (
+        Event.objects.filter(session_id=session_id, kind__in=("user/message", "context/injected"))
+        .exclude(data__text="")
+        .order_by("seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    if row is None or not str(row.get("text", "")).strip():
+        return None
+    return str(row["text"])
+
+
+def _titler_title(spec: str, user_text: str) -> tuple[str, Usage | None]:
+    from sessions_app.llm.registry import complete_utility
+
+    messages = [
+        {"role": "system", "content": TITLER_PROMPT},
+        {"role": "user", "content": user_text[:TITLER_INPUT_CHARS]},
+    ]
+    if not connection.in_atomic_block:
+        connection.close()  # no pooled connection is held across the model call
+    reply = complete_utility(spec, messages)
+    return clean(reply.content), reply.usage
+
+
+def ensure_title(session_id: uuid.UUID | str) -> str | None:
+    """Title the session if it has no title yet. Returns the title appended by
+    this call, or None (already titled, or no user text yet)."""
+    from sessions_app.runtime.models import resolve_spec
+
+    sid = uuid.UUID(str(session_id))
+    row = Session.objects.filter(id=sid).values("title", "profile_id").first()
+    if row is None or row["title"]:
+        return None
+    user_text = first_user_text(sid)
+    if user_text is None:
+        return None
+    profile = AgentProfile.objects.filter(id=row["profile_id"]).first() if row["profile_id"] else None
+    spec = resolve_spec("titler", profile, sid)
+    title, usage = "", None
+    if spec:
+        try:
+            title, usage = _titler_title(spec, user_text)
+        except ModelError as exc:
+            logger.warning("titler %s failed for %s (%s); using the first message", spec, sid, exc)
+    title = title or fallback_title(user_text)
+    if not title:
+        return None
+    return _append_title(sid, title[:TITLE_MAX], spec, usage)
+
+
+def _append_title(sid: uuid.UUID, title: str, spec: str | None, usage: Usage | None) -> str | None:
+    with log.locked(sid) as tx:
+        if usage is not None:
+            tx.append("usage/recorded", {"purpose": "title", "model": spec or "", "usage": usage.as_json()})
+        if tx.row["title"]:
+            return None  # another worker titled it while we asked the model
+        tx.append("session/titled", {"title": title})
+    return title

@@ -1,0 +1,82 @@
+"""The gate and the selectors it reads, on hand-built turns: what counts as
+a verdict for which call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from approvals_app import gate
+from approvals_app.selectors import approval_records, pending_from_events, verdict_in_turn
+from sessions_app.selectors import LoggedEvent
+from sessions_app.tools.builtins import BUILTINS
+
+WRITE = BUILTINS["workspace.write"]  # approval=policy, mutating
+READ = BUILTINS["workspace.read"]  # approval=never, not mutating
+NOOP = BUILTINS["debug.noop"]
+A = {"path": "a.txt", "content": "x"}
+B = {"path": "b.txt", "content": "x"}
+
+
+def req(seq: int, call_id: str, args: dict[str, Any], name: str = "workspace.write") -> LoggedEvent:
+    return LoggedEvent(seq, "approval/requested", {"call_id": call_id, "name": name, "args": args})
+
+
+def res(seq: int, call_id: str, verdict: str, reason: str = "") -> LoggedEvent:
+    data = {"call_id": call_id, "verdict": verdict}
+    if reason:
+        data["reason"] = reason
+    return LoggedEvent(seq, "approval/resolved", data)
+
+
+def test_modes() -> None:
+    assert gate.needs_approval(WRITE, {}) is True  # policy + mutating asks
+    assert gate.needs_approval(READ, {}) is False  # never
+    assert gate.needs_approval(NOOP, {"debug.noop": "always"}) is True
+    assert gate.needs_approval(WRITE, {"workspace.write": "never"}) is False
+    assert gate.needs_approval(READ, {"workspace.read": "policy"}) is False  # policy, but not mutating
+    assert gate.needs_approval(READ, {"workspace.read": "bogus"}) is True  # unreadable override: ask
+
+
+def test_ask_then_park_then_verdict() -> None:
+    assert gate.check([], WRITE, {}, "c1", A).action == "ask"
+    assert gate.check([req(5, "c1", A)], WRITE, {}, "c1", A).action == "park"
+    assert gate.check([req(5, "c1", A), res(6, "c1", "approve")], WRITE, {}, "c1", A).action == "run"
+    denied = gate.check([req(5, "c1", A), res(6, "c1", "deny", "no")], WRITE, {}, "c1", A)
+    assert (denied.action, denied.reason) == ("deny", "no")
+    assert gate.check([req(5, "c1", A), res(6, "c1", "deny")], WRITE, {}, "c1", A).reason == "denied by reviewer"
+    assert gate.check([], READ, {}, "c1", A).action == "run"
+
+
+def test_verdict_is_bound_to_tool_and_arguments() -> None:
+    events = [req(5, "c1", A), res(6, "c1", "approve")]
+    assert gate.check(events, WRITE, {}, "c1", B).action == "ask"  # other arguments: asked again
+    assert gate.check(events, WRITE, {}, "c2", A).action == "ask"  # other call id
+    noop_always = {"debug.noop": "always"}
+    assert gate.check(events, NOOP, noop_always, "c1", A).action == "ask"  # other tool
+    # Argument order does not matter; values do.
+    assert gate.check(events, WRITE, {}, "c1", {"content": "x", "path": "a.txt"}).action == "run"
+
+
+def test_verdict_for_an_earlier_call_reusing_the_id_does_not_count() -> None:
+    events = [req(5, "c1", A), res(6, "c1", "approve")]
+    # The same id and arguments in a later step's message (seq 9) is a new call.
+    assert gate.check(events, WRITE, {}, "c1", A, after_seq=9).action == "ask"
+    assert gate.check(events, WRITE, {}, "c1", A, after_seq=4).action == "run"
+
+
+def test_resolution_settles_the_latest_unsettled_request_only() -> None:
+    # c1 asked for A and settled; asked again for B: the old verdict is not B's.
+    events = [req(5, "c1", A), res(6, "c1", "approve"), req(9, "c1", B)]
+    assert verdict_in_turn(events, "c1", "workspace.write", B) is None
+    assert [p.seq for p in pending_from_events(events)] == [9]
+    events.append(res(10, "c1", "deny", "nope"))
+    assert verdict_in_turn(events, "c1", "workspace.write", B).verdict == "deny"  # type: ignore[union-attr]
+    assert verdict_in_turn(events, "c1", "workspace.write", A).verdict == "approve"  # type: ignore[union-attr]
+    assert pending_from_events(events) == []
+
+
+def test_stray_resolution_and_superseded_request() -> None:
+    events = [res(3, "zz", "approve"), req(5, "c1", A), req(7, "c1", B)]
+    records = approval_records(events)
+    assert [(r.seq, r.superseded, r.verdict) for r in records] == [(5, True, None), (7, False, None)]
+    assert [p.seq for p in pending_from_events(events)] == [7]

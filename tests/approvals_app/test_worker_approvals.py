@@ -1,0 +1,95 @@
+"""Durability of parked calls against real Celery worker processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from approvals_app import services as approvals
+from approvals_app.selectors import pending
+from sessions_app import services
+from sessions_app.models import AgentProfile, Event, Session
+from tests.fakes.fake_llm import Reply
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def data(session: Session, kind: str) -> list[dict[str, Any]]:
+    return list(Event.objects.filter(session=session, kind=kind).order_by("seq").values_list("data", flat=True))
+
+
+def test_restart_while_parked(
+    start_worker: Any, fake_llm: Any, make_user: Any, make_reviewer: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A worker parks the call and is SIGKILLed; the verdict is given with no
+    worker alive; a fresh worker finishes the turn without asking again."""
+    settings.TERRET_WORKSPACE_ROOT = tmp_path  # the workers inherit it
+    profile = AgentProfile.objects.create(
+        name="w", roles={"main": "test/model"}, builtin_tools=["workspace.write"], allow_floor=["workspace.*"]
+    )
+    args = {"path": "out.txt", "content": "from the second worker"}
+    fake_llm.script(Reply(tool_calls=[("workspace.write", args)]), Reply(text="written"))
+    session = services.create_session(make_user("owner"), profile)
+
+    first = start_worker(name="first")
+    services.run_turn(session.id, "write the file")
+
+    def parked() -> bool:
+        row = Session.objects.filter(id=session.id).values("pending_approvals", "lease_owner").get()
+        return row["pending_approvals"] == 1 and row["lease_owner"] == ""
+
+    wait_until(parked, what="the call to park and the worker to let go")
+    first.kill()
+    [call] = pending(session.id)
+    assert (call.name, call.args) == ("workspace.write", args)
+
+    approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), request_seq=call.seq)
+    time.sleep(1.0)  # no worker is alive: nothing may happen yet
+    assert data(session, "tool/result") == []
+    assert not (tmp_path / session.id.hex / "out.txt").exists()
+
+    start_worker(name="second")
+    wait_until(lambda: data(session, "turn/end"), what="the fresh worker to finish the turn")
+    assert data(session, "turn/end") == [{"status": "completed"}]
+    assert (tmp_path / session.id.hex / "out.txt").read_text() == "from the second worker"
+    [result] = data(session, "tool/result")
+    assert result["call_id"] == call.call_id and result["is_error"] is False
+    assert len(data(session, "approval/requested")) == 1  # the recorded verdict was never asked again
+    assert len(fake_llm.requests) == 2
+    session.refresh_from_db()
+    assert session.status == "idle" and session.pending_approvals == 0
+
+
+def test_cancel_with_a_parked_call_under_a_worker(
+    start_worker: Any, fake_llm: Any, make_user: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="w", roles={"main": "test/model"}, builtin_tools=["workspace.write"], allow_floor=["*"]
+    )
+    fake_llm.script(Reply(tool_calls=[("workspace.write", {"path": "x", "content": "y"})]))
+    session = services.create_session(make_user("owner"), profile)
+    start_worker(name="w")
+    services.run_turn(session.id, "write")
+    wait_until(lambda: pending(session.id), what="the call to park")
+    assert services.cancel(session.id, by="owner")
+    wait_until(lambda: data(session, "turn/end"), what="the turn to end")
+    assert data(session, "turn/end") == [{"status": "cancelled"}]
+    assert pending(session.id) == []
+    assert [r["verdict"] for r in data(session, "approval/resolved")] == ["deny"]
+    assert data(session, "tool/result")[0]["is_error"] is True
+    assert not (tmp_path / session.id.hex / "x").exists()

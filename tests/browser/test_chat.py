@@ -1,0 +1,137 @@
+"""A chat end to end in a real browser, against daphne and a real worker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import assert_in_sync, rendered_events
+
+pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis]
+
+# Records whether token deltas were ever streamed into the page.
+WATCH_STREAM = """() => {
+  window.__streamed = "";
+  const el = document.getElementById("streaming");
+  new MutationObserver(() => {
+    const t = el.querySelector(".text").textContent;
+    if (!el.hidden && t.length > window.__streamed.length) window.__streamed = t;
+  }).observe(el, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+@pytest.mark.parametrize("mode", ["celery", "inprocess"])
+def test_chat_end_to_end_with_a_tool_call(
+    mode: str,
+    request: pytest.FixtureRequest,
+    start_server: Callable[..., Any],
+    new_page: Callable[..., Any],
+    make_user: Callable[..., Any],
+    demo_profile: Any,
+) -> None:
+    from sessions_app.models import Session
+
+    if mode == "celery":
+        request.getfixturevalue("start_worker")(TERRET_DEMO_DELAY="0.01")
+    server = start_server(TERRET_WORKER=mode)
+    make_user("alice")
+    page = new_page(server)
+
+    # Sign in through the login form.
+    page.goto("/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/"))
+    page.get_by_label("Username").fill("alice")
+    page.get_by_label("Password").fill("pw-alice")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
+
+    # A new session from the demo profile.
+    page.get_by_role("link", name="New session").click()
+    page.get_by_label(re.compile("demo")).check()
+    page.get_by_role("button", name="Start session").click()
+    expect(page).to_have_url(re.compile(r"/sessions/[0-9a-f-]{36}/$"))
+    session = Session.objects.get(owner__username="alice")
+    expect(page.locator("#live")).to_have_text("live")
+    page.evaluate(WATCH_STREAM)
+
+    # Enter sends; the demo model calls clock.now, then answers from its result.
+    box = page.get_by_label("Message")
+    box.fill("what time is it?")
+    box.press("Enter")
+    expect(page.locator("#log .k-turn-end")).to_have_text(re.compile("Turn completed"), timeout=30_000)
+    call = page.locator("#log details.tool-call")
+    expect(call).to_have_count(1)
+    expect(call.locator("summary")).to_contain_text("clock.now")
+    result = page.locator("#log details.tool-result")
+    expect(result.locator("summary")).to_contain_text("Result of clock.now")
+    reply = page.locator("#log .k-assistant-message .text").last
+    expect(reply).to_contain_text("clock.now returned")
+    expect(page.locator("#status")).to_have_text("idle")
+    expect(page.locator("#cost")).to_have_text(re.compile(r"^\$\d+\.\d{4}"))
+    expect(page.locator("#streaming")).to_be_hidden()  # replaced by the durable message
+    assert "clock.now returned" in page.evaluate("window.__streamed")
+
+    expect(page.get_by_label("Message")).to_have_value("")
+
+    # Every committed event exactly once, in order, and the same as a fresh
+    # server render of the page.
+    # The titler names the session after the first message; the title updates live.
+    expect(page.locator("#session-title")).not_to_have_text("Untitled session", timeout=10_000)
+    live = assert_in_sync(page, session.id)
+    live_text = page.locator("#log > li.ev:not(.meta)").all_inner_texts()
+
+    # Collapsible, and keyboard-usable: focus the summary and press Enter.
+    expect(result.locator("pre")).to_be_hidden()
+    result.locator("summary").focus()
+    page.keyboard.press("Enter")
+    expect(result.locator("pre")).to_be_visible()
+
+    page.reload()
+    assert rendered_events(page) == live
+    assert page.locator("#log > li.ev:not(.meta)").all_inner_texts() == live_text
+    assert page.js_errors == []
+
+
+@pytest.mark.worker
+def test_steer_is_shown_queued_until_it_lands(
+    start_worker: Callable[..., Any],
+    start_server: Callable[..., Any],
+    new_page: Callable[..., Any],
+    make_user: Callable[..., Any],
+    demo_profile: Any,
+) -> None:
+    from sessions_app import services
+
+    # A slow demo model: the first reply streams for a few seconds.
+    start_worker(TERRET_DEMO_DELAY="0.08")
+    server = start_server()
+    alice = make_user("alice")
+    session = services.create_session(alice, demo_profile)
+    page = new_page(server, alice, width=390)  # phone width
+    page.goto(f"/sessions/{session.id}/")
+    box = page.get_by_label("Message")
+    box.fill("hello there, please tell me a story")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#streaming")).to_be_visible(timeout=20_000)
+
+    box.fill("and make it short")
+    page.get_by_role("button", name="Send").click()
+    queued = page.locator("#log li.queued")
+    expect(queued).to_have_count(1)
+    expect(queued).to_contain_text("and make it short")
+    expect(queued).to_contain_text("queued")
+    expect(page.locator("#composer")).to_contain_text("Queued")
+
+    # It lands (as the input of the next turn) and the queued row goes away.
+    landed = page.locator("#log li.k-user-message", has_text="and make it short")
+    expect(landed).to_be_visible(timeout=30_000)
+    expect(queued).to_have_count(0)
+    expect(page.locator("#log .k-turn-end")).to_have_count(2, timeout=30_000)
+    assert_in_sync(page, session.id)
+    # Phone width: nothing forces horizontal scrolling.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.js_errors == []

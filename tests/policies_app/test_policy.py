@@ -1,0 +1,200 @@
+"""The allow-list: what is in force, the read-through cache, updates, and the
+veto inside the real turn loop."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, Permission
+
+from approvals_app.errors import NotAllowed, UnknownSession
+from policies_app import allowlist, services
+from policies_app.patterns import InvalidPattern
+from policies_app.selectors import ActivePolicy, cache, current_patterns, current_policy, history
+from sessions_app import log
+from sessions_app import services as sessions
+from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.runtime import hooks
+from sessions_app.runtime.loop import drive
+from sessions_app.tools.builtins import BUILTINS
+from tests.fakes.fake_llm import Reply
+
+pytestmark = pytest.mark.django_db
+
+
+def ctx(session: Session, profile: AgentProfile, tool: str) -> hooks.CallContext:
+    return hooks.CallContext(session.id, profile, BUILTINS[tool], {})
+
+
+def count(session: Session) -> int:
+    return Event.objects.filter(session=session).count()
+
+
+def test_the_veto_is_registered() -> None:
+    assert allowlist.veto in hooks.pre_execute
+
+
+def test_floor_applies_until_the_session_sets_a_policy(session: Session, profile: AgentProfile) -> None:
+    assert current_policy(session.id, profile) == ActivePolicy(("clock.*",), "floor")
+    assert allowlist.veto(ctx(session, profile, "clock.now")) is None
+    reason = allowlist.veto(ctx(session, profile, "debug.noop"))
+    assert reason == "debug.noop is not allowed by the agent profile's allow-list floor"
+    # Without the turn's profile, the session's is read.
+    assert current_patterns(session.id) == ["clock.*"]
+
+
+def test_session_policy_replaces_the_floor(session: Session, profile: AgentProfile) -> None:
+    event = services.update_policy(session.id, ["debug.*"], user=session.owner)
+    assert event.data == {"patterns": ["debug.*"], "by": "owner"}
+    assert current_policy(session.id, profile) == ActivePolicy(("debug.*",), "session", event.seq)
+    assert allowlist.veto(ctx(session, profile, "debug.noop")) is None
+    assert "session's allow-list" in (allowlist.veto(ctx(session, profile, "clock.now")) or "")
+
+
+def test_deny_by_default(session: Session, profile: AgentProfile) -> None:
+    profile.allow_floor = []
+    assert allowlist.veto(ctx(session, profile, "clock.now")) is not None
+    services.update_policy(session.id, [], user=session.owner)  # an explicit empty policy denies all too
+    profile.allow_floor = ["*"]
+    assert allowlist.veto(ctx(session, profile, "clock.now")) is not None
+
+
+def test_unknown_session_fails_closed_and_is_never_cached(
+    profile: AgentProfile, caplog: pytest.LogCaptureFixture
+) -> None:
+    ghost = Session(id=uuid.uuid4())
+    with caplog.at_level(logging.WARNING, logger="policies_app.selectors"):
+        reason = allowlist.veto(ctx(ghost, profile, "clock.now"))
+    assert reason is not None and "could not be read" in reason
+    assert any("unknown session" in r.getMessage() for r in caplog.records)
+    assert current_patterns(ghost.id) is None
+    assert cache._entries == {}
+
+
+def test_dangling_policy_seq_fails_closed(session: Session, profile: AgentProfile) -> None:
+    # policy_seq names an event that is not a policy/updated: the log and the
+    # projection disagree, so nothing is trusted.
+    Session.objects.filter(id=session.id).update(policy_seq=1)
+    assert current_policy(session.id, profile).source == "closed"
+    assert allowlist.veto(ctx(session, profile, "clock.now")) is not None
+    assert cache._entries == {}
+
+
+def test_invalid_patterns_in_the_log_allow_nothing(session: Session, profile: AgentProfile) -> None:
+    # Appended behind the service's back (e.g. by an older version).
+    log.append(session.id, "policy/updated", {"patterns": ["clock now", "debug.*"]})
+    assert current_policy(session.id, profile).patterns == ("debug.*",)
+
+
+def test_cache_is_validated_against_policy_seq(
+    session: Session, profile: AgentProfile, django_assert_num_queries: Any
+) -> None:
+    services.update_policy(session.id, ["clock.*"], user=session.owner)
+    current_policy(session.id, profile)
+    with django_assert_num_queries(1):  # the Session row only: the patterns come from the cache
+        assert current_policy(session.id, profile).patterns == ("clock.*",)
+    # Another process appends (its listener runs there, not here): simulate by
+    # appending with this process's listeners switched off.
+    before = list(log._listeners)
+    log._listeners[:] = []
+    try:
+        log.append(session.id, "policy/updated", {"patterns": ["debug.*"], "by": "elsewhere"})
+    finally:
+        log._listeners[:] = before
+    with django_assert_num_queries(2):  # policy_seq moved: the stale entry is not used
+        assert current_policy(session.id, profile).patterns == ("debug.*",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_listener_populates_cache_after_commit(session: Session) -> None:
+    event = services.update_policy(session.id, ["debug.*"], user=session.owner)
+    cached = cache.get(session.id, event.seq)
+    assert cached is not None and cached.patterns == ("debug.*",)
+
+
+def test_update_refuses_bad_patterns_and_appends_nothing(session: Session) -> None:
+    before = count(session)
+    with pytest.raises(InvalidPattern, match="pattern 2"):
+        services.update_policy(session.id, ["clock.*", "rm -rf"], user=session.owner)
+    with pytest.raises(InvalidPattern):
+        services.update_policy(session.id, "clock.*", user=session.owner)
+    assert count(session) == before
+
+
+def test_who_may_update(session: Session, make_user: Any, django_user_model: Any) -> None:
+    reviewer = make_user("rev")
+    reviewer.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    before = count(session)
+    for user in [AnonymousUser(), make_user("other"), reviewer, make_user("inactive", is_staff=True, is_active=False)]:
+        with pytest.raises(NotAllowed):
+            services.update_policy(session.id, ["*"], user=user)
+    assert count(session) == before
+    staff = make_user("staff", is_staff=True)
+    assert services.update_policy(session.id, ["*"], user=staff).data["by"] == "staff"
+    with pytest.raises(UnknownSession):
+        services.update_policy(uuid.uuid4(), ["*"], user=staff)
+
+
+def test_history_newest_first(session: Session) -> None:
+    services.update_policy(session.id, ["a.*"], user=session.owner)
+    services.update_policy(session.id, ["b.*", "c"], user=session.owner)
+    changes = history(session.id)
+    assert [c.patterns for c in changes] == [["b.*", "c"], ["a.*"]]
+    assert changes[0].by == "owner" and changes[0].seq > changes[1].seq
+    assert len(history(session.id, limit=1)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_veto_is_an_error_result_and_the_turn_goes_on(
+    fake_llm: Any, session: Session, settings: Any, tmp_path: Any
+) -> None:
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    fake_llm.script(Reply(tool_calls=[("debug.noop", {}), ("clock.now", {})]), Reply(text="done"))
+    sessions.run_turn(session.id, "go")
+    assert drive(session.id) == "ended"
+    results = list(
+        Event.objects.filter(session=session, kind="tool/result").order_by("seq").values_list("data", flat=True)
+    )
+    assert [(r["name"], r["is_error"]) for r in results] == [("debug.noop", True), ("clock.now", False)]
+    assert results[0]["content"].startswith("vetoed: debug.noop is not allowed")
+    end = Event.objects.get(session=session, kind="turn/end")
+    assert end.data == {"status": "completed"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_is_in_force_at_the_very_next_tool_call(
+    fake_llm: Any, session: Session, settings: Any, tmp_path: Any
+) -> None:
+    """Step 1's call runs under the floor; a policy/updated appended while the
+    step 2 model call is in flight vetoes step 2's call."""
+    import threading
+
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    release = threading.Event()
+    fake_llm.script(
+        Reply(tool_calls=[("clock.now", {})]),
+        Reply(text="again", tool_calls=[("clock.now", {})], hang=release),
+        Reply(text="done"),
+    )
+    sessions.run_turn(session.id, "go")
+    worker = threading.Thread(target=drive, args=(session.id,))
+    worker.start()
+    try:
+        for _ in range(500):
+            if len(fake_llm.requests) >= 2:
+                break
+            threading.Event().wait(0.02)
+        services.update_policy(session.id, ["debug.*"], user=session.owner)
+    finally:
+        release.set()
+        worker.join(30)
+    results = list(
+        Event.objects.filter(session=session, kind="tool/result").order_by("seq").values_list("data", flat=True)
+    )
+    assert [r["is_error"] for r in results] == [False, True]
+    assert "session's allow-list" in results[1]["content"]

@@ -1,0 +1,224 @@
+"""The event-kind catalogue: every kind validates what it should and rejects
+what it should, and docs/events.md describes exactly the catalogue."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from sessions_app.events import CATALOGUE, MODEL_VISIBLE, InvalidPayload, UnknownEventKind, validate
+from sessions_app.projection import render
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
+CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
+
+# Every kind needs at least one accepted and one rejected payload here; a test
+# below fails when a kind is added to the catalogue without them.
+VALID: dict[str, list[dict[str, Any]]] = {
+    "user/message": [{"text": "hi"}, {"text": "", "source_seq": 1}],
+    "context/injected": [{"text": "steer"}, {"text": "x", "source_seq": 9}],
+    "assistant/message": [
+        {"content": "hello"},
+        {"content": None, "tool_calls": [CALL]},
+        {"content": "two", "tool_calls": [CALL, {**CALL, "id": "call_2"}], "usage": USAGE},
+    ],
+    "tool/result": [
+        {"call_id": "call_1", "name": "clock.now", "content": "12:00"},
+        {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
+    ],
+    "session/compacted": [{"upto_seq": 0, "summary": ""}, {"upto_seq": 120, "summary": "so far"}],
+    "turn/start": [{}, {"by": "alice"}],
+    "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
+    + [{"status": "failed", "error": "boom"}],
+    "turn/cancel_requested": [{}, {"by": "alice", "reason": "enough"}],
+    "step/start": [{"step": 1, "model": "demo/offline"}],
+    "step/end": [
+        {"step": 1},
+        {"step": 2, "usage": USAGE},
+        {"step": 3, "usage": {"prompt_tokens": 0, "completion_tokens": 0}},
+        {"step": 4, "usage": {**USAGE, "cost": None}},
+    ],
+    "usage/recorded": [
+        {"purpose": "title", "usage": USAGE},
+        {"purpose": "compaction", "model": "x/y", "usage": {**USAGE, "cost": None}},
+    ],
+    "input/queued": [{"text": "later", "wake": False}, {"text": "now", "wake": True, "idempotency_key": "k", "by": "a"}],
+    "approval/requested": [{"call_id": "c", "name": "shell.run", "args": {}}, {"call_id": "c", "name": "n", "args": {"a": [1]}}],
+    "approval/resolved": [{"call_id": "c", "verdict": "approve"}, {"call_id": "c", "verdict": "deny", "reason": "no", "by": "b"}],
+    "session/titled": [{"title": "T"}, {"title": "x" * 80}],
+    "policy/updated": [{"patterns": []}, {"patterns": ["clock.*", "workspace.read"], "by": "admin"}],
+    "model/updated": [{"role": r, "spec": "openai/gpt-4o-mini"} for r in ("main", "titler", "compactor")],
+    "agent/spawned": [{"agent_id": "a-1", "profile": "default"}],
+    "agent/disposed": [{"agent_id": "a-1"}],
+}
+
+INVALID: dict[str, list[Any]] = {
+    "user/message": [{}, {"text": 1}, {"text": "x", "source_seq": 0}, {"text": "x", "source": 1}],
+    "context/injected": [{}, {"text": None}, {"text": "x", "source_seq": "3"}],
+    "assistant/message": [
+        {"content": 5},
+        {"tool_calls": [{"id": "", "name": "n", "arguments": "{}"}]},
+        {"tool_calls": [{"id": "c", "name": "n", "arguments": {}}]},  # arguments stay JSON text
+        {"tool_calls": [{"id": "c", "name": "n"}]},
+        {"tool_calls": {"id": "c"}},
+        {"content": "x", "role": "assistant"},
+        {"content": "x", "usage": {"prompt_tokens": 1}},
+    ],
+    "tool/result": [
+        {"call_id": "c", "name": "n"},
+        {"call_id": "", "name": "n", "content": "x"},
+        {"call_id": "c", "name": "n", "content": "x", "is_error": "yes"},
+    ],
+    "session/compacted": [{"summary": "s"}, {"upto_seq": -1, "summary": "s"}, {"upto_seq": 1.5, "summary": "s"}],
+    "turn/start": [{"by": 1}, {"who": "x"}],
+    "turn/end": [{}, {"status": "done"}, {"status": "completed", "error": None}],
+    "turn/cancel_requested": [{"reason": 3}],
+    "step/start": [{"step": 1}, {"step": 0, "model": "m"}, {"step": 1, "model": ""}, {"step": True, "model": "m"}],
+    "step/end": [
+        {},
+        {"step": 1, "usage": {"prompt_tokens": 1}},
+        {"step": 1, "usage": {"prompt_tokens": -1, "completion_tokens": 0}},
+        {"step": 1, "usage": {**USAGE, "cost": -0.1}},
+        {"step": 1, "usage": {**USAGE, "currency": "USD"}},
+    ],
+    "usage/recorded": [{"purpose": "title"}, {"purpose": "chat", "usage": USAGE}, {"usage": USAGE}],
+    "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
+    "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
+    "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],
+    "session/titled": [{}, {"title": ""}, {"title": "x" * 81}],
+    "policy/updated": [{}, {"patterns": "clock.*"}, {"patterns": [""]}],
+    "model/updated": [{"role": "main"}, {"role": "boss", "spec": "x/y"}, {"role": "main", "spec": ""}],
+    "agent/spawned": [{"agent_id": "a"}, {"agent_id": "", "profile": "p"}],
+    "agent/disposed": [{}, {"agent_id": ""}],
+}
+
+EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}
+
+
+def test_examples_cover_every_kind() -> None:
+    assert set(VALID) == set(CATALOGUE)
+    assert set(INVALID) == set(CATALOGUE)
+    assert all(VALID[k] and INVALID[k] for k in CATALOGUE)
+
+
+@pytest.mark.parametrize(("kind", "data"), [(k, d) for k, ds in VALID.items() for d in ds])
+def test_valid_payload_is_accepted(kind: str, data: dict[str, Any]) -> None:
+    assert validate(kind, data) is CATALOGUE[kind]
+
+
+@pytest.mark.parametrize(("kind", "data"), [(k, d) for k, ds in INVALID.items() for d in ds])
+def test_invalid_payload_is_rejected(kind: str, data: Any) -> None:
+    with pytest.raises(InvalidPayload, match=re.escape(kind)):
+        validate(kind, data)
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOGUE))
+def test_schemas_are_closed_objects(kind: str) -> None:
+    schema = CATALOGUE[kind].schema
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    # Non-object payloads are refused before the schema is consulted.
+    for bad in (None, [], "text", 3):
+        with pytest.raises(InvalidPayload):
+            validate(kind, bad)
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(UnknownEventKind):
+        validate("user/messages", {"text": "x"})
+    with pytest.raises(UnknownEventKind):
+        validate("", {})
+
+
+def test_error_message_names_the_field() -> None:
+    with pytest.raises(InvalidPayload, match="usage/prompt_tokens"):
+        validate("step/end", {"step": 1, "usage": {"prompt_tokens": -1, "completion_tokens": 0}})
+    with pytest.raises(InvalidPayload, match=r"\(root\)"):
+        validate("user/message", {})
+
+
+def test_model_visibility() -> None:
+    assert MODEL_VISIBLE == EXPECTED_MODEL_VISIBLE
+    assert {k for k, spec in CATALOGUE.items() if spec.model_visible} == EXPECTED_MODEL_VISIBLE
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOGUE))
+def test_model_visible_kinds_render_and_others_do_not(kind: str) -> None:
+    for data in VALID[kind]:
+        if kind in MODEL_VISIBLE:
+            msg = render(kind, data)
+            assert msg["role"] in {"user", "assistant", "tool"}
+        else:
+            with pytest.raises(ValueError):
+                render(kind, data)
+
+
+# --- the catalogue against docs/events.md ------------------------------------
+
+DOC = Path(settings.BASE_DIR) / "docs" / "events.md"
+
+
+def _doc_sections() -> dict[str, str]:
+    text = DOC.read_text()
+    parts = re.split(r"^### `([^`]+)`\s*$", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def _projected_columns(kind: str) -> set[str]:
+    spec = CATALOGUE[kind]
+    cols: set[str] = set()
+    if spec.project is None:
+        return cols
+    for data in VALID[kind]:
+        for sql, _ in spec.project(data):
+            m = re.match(r"\s*(\w+)\s*=", sql)
+            assert m, sql
+            cols.add(m.group(1))
+    return cols
+
+
+def _field(section: str, label: str) -> str:
+    m = re.search(rf"^- \*\*{label}:\*\* (.+)$", section, flags=re.M)
+    assert m, f"no '{label}' line"
+    return m.group(1)
+
+
+def test_doc_documents_exactly_the_catalogue() -> None:
+    sections = _doc_sections()
+    assert sorted(sections) == sorted(CATALOGUE)
+    summary = set(re.findall(r"^\| `([a-z_]+/[a-z_]+)`", DOC.read_text(), flags=re.M))
+    assert summary == set(CATALOGUE)
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOGUE))
+def test_doc_section_matches_the_kind(kind: str) -> None:
+    section = _doc_sections()[kind]
+    spec = CATALOGUE[kind]
+
+    visible = _field(section, "Model-visible")
+    assert visible.startswith("yes" if spec.model_visible else "no"), visible
+
+    # Parenthesised notes may name payload fields; only the columns count.
+    documented = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", _field(section, "Updates"))))
+    assert documented == _projected_columns(kind)
+
+    # Every payload field has a row in the section's table, marked required
+    # exactly when the schema requires it.
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)`\s*\|[^|]*\|\s*(yes|no)\s*\|", section, flags=re.M)}
+    props = spec.schema["properties"]
+    assert set(rows) == set(props)
+    required = set(spec.schema.get("required", []))
+    assert {f for f, req in rows.items() if req == "yes"} == required
+
+
+def test_doc_summary_table_agrees_with_sections() -> None:
+    text = DOC.read_text()
+    for kind, spec in CATALOGUE.items():
+        m = re.search(rf"^\| `{re.escape(kind)}`\s*\|\s*(yes|no)\s*\|(.*)\|\s*$", text, flags=re.M)
+        assert m, kind
+        assert (m.group(1) == "yes") == spec.model_visible
+        assert set(re.findall(r"`(\w+)`", m.group(2))) == _projected_columns(kind)
