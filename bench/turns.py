@@ -32,6 +32,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 os.environ.setdefault("TERRET_QUEUE", "bench")
 os.environ.setdefault("TERRET_CHANNEL_PREFIX", "bench")
 os.environ["TERRET_WORKER"] = "celery"
+os.environ.setdefault("TERRET_MAX_AGENTS", "1000")
 
 
 def raw_append_latency(url: str, n: int = 400) -> float:

@@ -31,9 +31,35 @@ class SessionAdmin(admin.ModelAdmin[Session]):
     readonly_fields = [f.name for f in Session._meta.get_fields() if getattr(f, "concrete", False)]
     list_select_related = ["owner", "profile"]
     show_full_result_count = False
+    actions = ["compact_selected", "check_usage"]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the log below it is append-only
+
+    @admin.action(description="Compact selected sessions")
+    def compact_selected(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        from django.contrib import messages
+
+        from sessions_app.dashboard_views import compact_outcome
+        from sessions_app.permissions import can_drive
+
+        for session in queryset[:50]:  # each one is a model call
+            if not can_drive(request.user, session):
+                self.message_user(request, f"{session}: you may not compact it", messages.ERROR)
+                continue
+            ok, text = compact_outcome(session.id)
+            self.message_user(request, f"{session}: {text}", messages.SUCCESS if ok else messages.WARNING)
+
+    @admin.action(description="Check usage totals against the log")
+    def check_usage(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        from django.contrib import messages
+
+        from sessions_app.usage import check_session
+
+        for session in queryset[:50]:  # scans each log: an admin check, not a page view
+            ok, running, summed = check_session(session.id)
+            text = "totals match the log" if ok else f"MISMATCH: running {running} vs log {summed}"
+            self.message_user(request, f"{session}: {text}", messages.SUCCESS if ok else messages.ERROR)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions are created through the app, which also spawns their agent

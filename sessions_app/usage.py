@@ -17,9 +17,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
+
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
 
 from sessions_app.models import Event, Session, UsageDay
 
@@ -157,3 +160,53 @@ def same_totals(a: Totals, b: Totals) -> bool:
         b.unpriced,
         b.cost.quantize(q),
     )
+
+
+# ---------------------------------------------------------------- dashboard reads (running totals only)
+
+_SUMS = {
+    "steps": Sum("steps"),
+    "unpriced_entries": Sum("unpriced_entries"),
+    "prompt_tokens": Sum("prompt_tokens"),
+    "completion_tokens": Sum("completion_tokens"),
+    "cost": Sum("cost"),
+}
+
+
+@dataclass(frozen=True)
+class DayPoint:
+    day: date
+    cost: Decimal
+    unpriced: int
+    steps: int
+    tokens: int
+
+    @property
+    def cost_display(self) -> str:
+        return format_cost(self.cost, self.unpriced)
+
+
+def profile_totals_from_days() -> list[tuple[str, Totals]]:
+    """All-time totals per profile, from UsageDay (one row per profile per day)."""
+    rows = UsageDay.objects.values("profile__name").annotate(**_SUMS).order_by("profile__name")
+    return [(row["profile__name"] or "(no profile)", totals_of(row)) for row in rows]
+
+
+def profile_totals_from_sessions(sessions: QuerySet[Session]) -> list[tuple[str, Totals]]:
+    """Totals per profile over the given sessions' running totals (one row each, no log)."""
+    rows = sessions.order_by().values("profile__name").annotate(**_SUMS).order_by("profile__name")
+    return [(row["profile__name"] or "(no profile)", totals_of(row)) for row in rows]
+
+
+def day_series(days: int, today: date | None = None) -> list[DayPoint]:
+    """Cost per UTC day for the last `days` days, oldest first, gaps filled with zeros."""
+    end = today or timezone.now().date()
+    start = end - timedelta(days=days - 1)
+    rows = UsageDay.objects.filter(day__gte=start, day__lte=end).values("day").annotate(**_SUMS)
+    by_day = {row["day"]: totals_of(row) for row in rows}
+    out = []
+    for i in range(days):
+        day = start + timedelta(days=i)
+        t = by_day.get(day, Totals())
+        out.append(DayPoint(day, t.cost, t.unpriced, t.steps, t.tokens))
+    return out

@@ -6,6 +6,7 @@ See `.env.example` for every variable. Bad values stop the process at import
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -104,6 +105,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # A file, not Django's shared-cache in-memory default: threads and worker
+    # processes in tests then see SQLite's real locking, as production does.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
 else:
     # The test process itself runs without a pool so pytest can drop its test
     # database; worker processes started by tests get a pool like production.

@@ -10,4 +10,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("approvals/", include("approvals_app.urls")),
     path("", include("policies_app.urls")),
     path("", include("sessions_app.urls")),
+    path("", include("sessions_app.dashboard_urls")),
 ]

@@ -1,0 +1,144 @@
+"""The dashboard (/dashboard/) and the compact endpoint (/sessions/<id>/compact/).
+
+Every figure on the dashboard comes from running totals kept by the append
+transaction (Session columns, UsageDay rows); no page view reads a log. The
+per-day series and per-profile totals over all sessions are shown to users
+who may view every session (staff, reviewers); others see totals over their
+own sessions only.
+
+Live updates: the page holds a websocket to /ws/dashboard/
+(dashboard_consumers.py); a commit hint there makes htmx GET the body partial
+again. The body also refreshes every 30 s, since hints can be lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import F
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from sessions_app import compaction, permissions
+from sessions_app.charts import cost_chart
+from sessions_app.errors import TerretError
+from sessions_app.log import SessionNotFound
+from sessions_app.models import Agent, Session
+from sessions_app.usage import (
+    Totals,
+    day_series,
+    profile_totals_from_days,
+    profile_totals_from_sessions,
+    totals_of,
+)
+
+PAGE_SIZE = 50
+CHART_DAYS = 30
+STATUS_LABELS = {"idle": "idle", "running": "running", "waiting_approval": "waiting for approval"}
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    session: Session
+    agent_id: str
+    totals: Totals
+    can_drive: bool
+
+    @property
+    def status_label(self) -> str:
+        return STATUS_LABELS.get(self.session.status, self.session.status)
+
+
+def _agent_id(session: Session) -> str:
+    try:
+        return session.agent.agent_id
+    except Agent.DoesNotExist:  # disposed: the session stays on the dashboard
+        return ""
+
+
+def sees_everything(user: Any) -> bool:
+    return bool(user.is_staff or permissions.is_reviewer(user))
+
+
+def dashboard_context(request: HttpRequest) -> dict[str, Any]:
+    user = request.user
+    sessions = permissions.visible_sessions(user, Session.objects.all())
+    listing = sessions.select_related("profile", "agent", "owner").order_by(
+        F("last_event_at").desc(nulls_last=True), "-created_at"
+    )
+    page = Paginator(listing, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [SessionRow(s, _agent_id(s), totals_of(s), permissions.can_drive(user, s)) for s in page.object_list]
+    everything = sees_everything(user)
+    per_profile = profile_totals_from_days() if everything else profile_totals_from_sessions(sessions)
+    grand = sum((t for _, t in per_profile), Totals())
+    context: dict[str, Any] = {
+        "page": page,
+        "rows": rows,
+        "per_profile": per_profile,
+        "grand": grand,
+        "everything": everything,
+        "show_owner": everything,
+    }
+    if everything:
+        days = day_series(CHART_DAYS)
+        context["days"] = list(reversed(days))
+        context["chart"] = cost_chart(days, title=f"Cost per day, last {CHART_DAYS} days (UTC)")
+    return context
+
+
+@login_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    context = dashboard_context(request)
+    template = "dashboard/index.html#body" if getattr(request, "htmx", False) else "dashboard/index.html"
+    return render(request, template, context)
+
+
+# ---------------------------------------------------------------- compact
+
+
+def _drivable(request: HttpRequest, session_id: uuid.UUID) -> Session:
+    session = Session.objects.filter(id=session_id).first()
+    if session is None or not permissions.can_view(request.user, session):
+        raise Http404("no such session")  # another user's session is a 404: ids do not leak
+    if not permissions.can_drive(request.user, session):
+        raise PermissionDenied("only the session's owner or staff may compact it")
+    return session
+
+
+def compact_outcome(session_id: uuid.UUID) -> tuple[bool, str]:
+    """(compacted?, a sentence for the user)."""
+    try:
+        outcome = compaction.attempt(session_id, manual=True)
+    except SessionNotFound as exc:
+        raise Http404("no such session") from exc
+    except TerretError as exc:  # the compactor role is unconfigured or its model failed
+        return False, f"Compaction failed: {exc}"
+    if isinstance(outcome, compaction.CompactionResult):
+        return True, f"Compacted: events up to #{outcome.upto_seq} are now summarized for the model."
+    return False, f"Compaction declined: {outcome.reason}."
+
+
+@login_required
+@require_POST
+def compact(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """POST /sessions/<id>/compact/ (can_drive). htmx gets a status fragment;
+    a plain form post gets a flash message and a redirect back."""
+    session = _drivable(request, session_id)
+    ok, text = compact_outcome(session.id)
+    if getattr(request, "htmx", False):
+        return render(request, "dashboard/compact_result.html", {"ok": ok, "text": text})
+    (messages.success if ok else messages.error)(request, text)
+    back = request.POST.get("next") or request.META.get("HTTP_REFERER") or ""
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        back = reverse("sessions:chat", args=[session.id])
+    return HttpResponseRedirect(back)
