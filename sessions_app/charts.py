@@ -47,13 +47,12 @@ def cost_chart(points: list[DayPoint], *, title: str = "Cost per day") -> SafeSt
         if p.unpriced:
             cx = x + bar_w / 2
             parts.append(
-                f'<circle cx="{cx:.1f}" cy="{max(y - 6, TOP):.1f}" r="3.5" class="unpriced">'
+                f'<circle cx="{cx:.1f}" cy="{max(y - 6, 6):.1f}" r="3.5" class="unpriced">'
                 f"<title>{escape(label)}</title></circle>"
             )
     if points:
-        parts.append(f'<text x="{LEFT}" y="{HEIGHT - 8}" class="tick">{points[0].day.isoformat()}</text>')
-        parts.append(
-            f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 8}" text-anchor="end" class="tick">{points[-1].day.isoformat()}</text>'
-        )
+        first, last = points[0].day.isoformat(), points[-1].day.isoformat()
+        parts.append(f'<text x="{LEFT}" y="{HEIGHT - 8}" class="tick">{first}</text>')
+        parts.append(f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 8}" text-anchor="end" class="tick">{last}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every interpolated text is escaped above

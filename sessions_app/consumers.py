@@ -137,7 +137,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         self.tasks: list[asyncio.Task[None]] = []
         self.outbox: asyncio.Queue[str | _Close] = asyncio.Queue(OUTBOX_MAX)
-        self.pending: asyncio.Queue[Frame] = asyncio.Queue(PENDING_MAX)
+        self.pending: asyncio.Queue[Frame | TerretError] = asyncio.Queue(PENDING_MAX)
         self.wake = asyncio.Event()
         self.target = 0
         self.synced = False
@@ -209,8 +209,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def log_hint(self, message: dict[str, Any]) -> None:
         seq = message.get("seq")
-        if isinstance(seq, int) and seq > self.target:
-            self.target = seq
+        if not isinstance(seq, int):
+            return
+        self.target = max(self.target, seq)
+        if seq > self.last_sent:
+            # Even a repeated seq wakes the pump: a read may have come up
+            # short while that seq was still committing.
             self.wake.set()
 
     async def log_delta(self, message: dict[str, Any]) -> None:
@@ -280,15 +284,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
     # ------------------------------------------------------------ client frames
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        item: Frame | TerretError
         try:
-            frame = parse_frame(text_data, bytes_data)
+            item = parse_frame(text_data, bytes_data)
         except TerretError as exc:
-            await self._reply_error(getattr(exc, "frame_id", None), exc)
-            return
+            item = exc  # replied to by the actor, so replies keep the frames' order
         try:
-            self.pending.put_nowait(frame)
+            self.pending.put_nowait(item)
         except asyncio.QueueFull:
-            await self._reply_error(frame.id, Busy(f"more than {PENDING_MAX} frames are waiting; slow down"))
+            # Overload: this one reply may overtake earlier ones.
+            frame_id = item.id if isinstance(item, Frame) else getattr(item, "frame_id", None)
+            await self._reply_error(frame_id, Busy(f"more than {PENDING_MAX} frames are waiting; slow down"))
 
     async def _reply_error(self, frame_id: Any, exc: TerretError) -> None:
         reply: dict[str, Any] = {"type": "error"}
@@ -299,6 +305,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def _actor(self) -> None:
         while True:
             frame = await self.pending.get()
+            if isinstance(frame, TerretError):
+                await self._reply_error(getattr(frame, "frame_id", None), frame)
+                continue
             try:
                 result = await _in_thread(self._perform, ACTION_POOL)(frame)
             except Exception as exc:

@@ -98,7 +98,9 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         check = database_sync_to_async(user_may_follow)
         if await check(self.user_id, self.token_id, self.session_key) is None:
             return await self._refuse("you may no longer follow the dashboard", 4403)
-        await self.send(text_data=json.dumps({"type": "error", "code": "not_allowed", "message": "this socket only sends hints"}))
+        await self.send(
+            text_data=json.dumps({"type": "error", "code": "not_allowed", "message": "this socket only sends hints"})
+        )
 
     async def log_hint(self, message: dict[str, Any]) -> None:
         """Group handler: note the session; one refetch per burst."""

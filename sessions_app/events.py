@@ -7,9 +7,10 @@ two name the same kinds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema_rs
 

@@ -240,7 +240,7 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
     spec, payload = _prepare(kind, data)
     now = timezone.now()
     set_sql, set_params = _set_clause(spec, data, now, fence)
-    extras = spec.extra(data) if spec.extra is not None else []
+    extras = spec.extra(data) if spec.extra is not None else []  # noqa: S610 - the catalogue's SQL, not QuerySet.extra
     pg = connection.vendor == "postgresql"
     if not pg:
         # SQLite stores UUIDs as hex text and needs datetimes adapted by Django.

@@ -16,13 +16,12 @@ from sessions_app.models import Event
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
 
 
-def latest_compaction(session_id: uuid.UUID | str) -> tuple[int, dict[str, Any]] | None:
-    row = (
-        Event.objects.filter(session_id=session_id, kind="session/compacted")
-        .order_by("-seq")
-        .values_list("seq", "data")
-        .first()
-    )
+def latest_compaction(session_id: uuid.UUID | str, until_seq: int | None = None) -> tuple[int, dict[str, Any]] | None:
+    qs = Event.objects.filter(session_id=session_id, kind="session/compacted")
+    if until_seq is not None:
+        # "As of until_seq": a compaction appended later does not apply yet.
+        qs = qs.filter(seq__lte=until_seq)
+    row = qs.order_by("-seq").values_list("seq", "data").first()
     return (row[0], row[1]) if row else None
 
 
@@ -48,7 +47,7 @@ def render(kind: str, data: dict[str, Any]) -> dict[str, Any]:
 
 def derive_messages(session_id: uuid.UUID | str, *, until_seq: int | None = None) -> list[dict[str, Any]]:
     """The model's view of the session; with until_seq, as of that seq."""
-    compaction = latest_compaction(session_id)
+    compaction = latest_compaction(session_id, until_seq)
     messages: list[dict[str, Any]] = []
     after = 0
     if compaction is not None:

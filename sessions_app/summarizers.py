@@ -256,8 +256,9 @@ def _morph_usage(raw: Any) -> Usage | None:
     except (TypeError, ValueError):
         return None
     cost = raw.get("cost")
-    priced = isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0
-    return Usage(max(prompt, 0), max(completion, 0), float(cost) if priced else None)
+    if not isinstance(cost, int | float) or isinstance(cost, bool) or cost < 0:
+        cost = None  # Morph reports no price: unpriced, never $0
+    return Usage(max(prompt, 0), max(completion, 0), None if cost is None else float(cost))
 
 
 def get_summarizer(profile: AgentProfile | None, session_id: uuid.UUID | str | None = None) -> Summarizer:

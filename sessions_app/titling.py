@@ -38,7 +38,7 @@ TITLER_PROMPT = (
     "Reply with the title only: no quotes, no trailing punctuation."
 )
 _SPACE = re.compile(r"\s+")
-_QUOTES = "\"'`“”‘’«»"
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb"  # straight, curly and angle quotes
 
 
 def clean(text: str | None, limit: int = TITLE_MAX) -> str:

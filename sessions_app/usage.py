@@ -15,7 +15,7 @@ price counts as "unpriced", never as $0.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
@@ -71,8 +71,8 @@ def usage(session: Session) -> dict[str, Any]:
     return totals_of(session).as_dict()
 
 
-def totals_of(row: Session | UsageDay | dict[str, Any]) -> Totals:
-    get = row.get if isinstance(row, dict) else lambda name: getattr(row, name)
+def totals_of(row: Session | UsageDay | Mapping[str, Any]) -> Totals:
+    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name)
     return Totals(
         int(get("prompt_tokens") or 0),
         int(get("completion_tokens") or 0),
@@ -83,8 +83,8 @@ def totals_of(row: Session | UsageDay | dict[str, Any]) -> Totals:
 
 
 def format_cost(cost: Decimal | float | int, unpriced: int) -> str:
-    """"$0.0123", "$0.0123 + 2 unpriced", or "unpriced" when nothing was
-    priced: an unknown price is never shown as $0."""
+    """Display text: $0.0123, $0.0123 + 2 unpriced, or just "unpriced" when
+    nothing was priced. An unknown price is never shown as $0."""
     amount = Decimal(str(cost))
     if unpriced and not amount:
         return "unpriced"

@@ -27,10 +27,10 @@ from django.db import connection
 
 from approvals_app import gate
 from sessions_app import hints, log
+from sessions_app.events import MODEL_VISIBLE
 from sessions_app.llm.types import ModelError, ModelReply, ToolCall
 from sessions_app.log import AppendedEvent, LeaseLost
 from sessions_app.models import AgentProfile, Session
-from sessions_app.events import MODEL_VISIBLE
 from sessions_app.projection import derive_messages, render
 from sessions_app.runtime import hooks
 from sessions_app.runtime import lease as leases
@@ -306,11 +306,11 @@ class TurnRunner:
     def execute_calls(self, message: LoggedEvent, st: TurnState) -> str:
         parked = False
         for call in st.owed_calls(message):
-            if self.run_call(call, st) == "parked":
+            if self.run_call(call, st, message.seq) == "parked":
                 parked = True
         return "parked" if parked else "done"
 
-    def run_call(self, call: ToolCall, st: TurnState) -> str:
+    def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> str:
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
@@ -323,9 +323,12 @@ class TurnRunner:
         veto = hooks.first_veto(hooks.CallContext(self.sid, self.profile, defn, args))
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
-        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args)
+        # Verdicts bind to this call: same id, tool and args, asked after its message.
+        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
         if decision.action == "ask":
-            self.append("approval/requested", {"call_id": call.id, "name": call.name, "args": args})
+            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
+                # Cancelled meanwhile: asking now would leave a request no one denies.
+                return self.result(call, "cancelled: the turn was cancelled", True)
             return "parked"
         if decision.action == "park":
             return "parked"

@@ -170,6 +170,8 @@
       : (Object.keys(pending).length ? "waiting_approval" : "running");
     var el = document.getElementById("status");
     if (el) { el.className = "badge " + status; el.textContent = STATUS[status]; }
+    var cancel = document.getElementById("cancel-button");
+    if (cancel) cancel.disabled = status === "idle";
     setText("cost", "$" + cost.toFixed(4) + (unpriced ? " + " + unpriced + " unpriced" : ""));
   }
 
@@ -263,8 +265,9 @@
   function onEvent(f) {
     if (typeof f.seq !== "number" || f.seq <= lastSeq) return;  // already shown
     if (f.seq !== lastSeq + 1) {
-      // A hole would mean a missed event: ask again from what we have.
-      reconnect(0);
+      // A hole would mean a missed event: ask again from what we have
+      // (with backoff, should a broken server keep doing it).
+      reconnect(null);
       return;
     }
     var ev = { seq: f.seq, kind: f.kind, data: f.data || {}, at: f.at };

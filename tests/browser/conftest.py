@@ -152,8 +152,8 @@ def new_page(browser: Any) -> Iterator[Callable[..., Any]]:
     """`new_page(server, user)`: a fresh browser context signed in as `user`."""
     contexts: list[Any] = []
 
-    def make(server: DaphneServer, user: Any | None = None, *, width: int = 1000) -> Any:
-        ctx = browser.new_context(base_url=server.url, viewport={"width": width, "height": 800})
+    def make(server: DaphneServer, user: Any | None = None, *, width: int = 1000, js: bool = True) -> Any:
+        ctx = browser.new_context(base_url=server.url, viewport={"width": width, "height": 800}, java_script_enabled=js)
         ctx.set_default_timeout(20_000)
         contexts.append(ctx)
         if user is not None:
@@ -179,9 +179,7 @@ def session_cookie(user: Any) -> str:
 
 def rendered_events(page: Any) -> list[tuple[int, str]]:
     """(seq, kind) of every event element in the log, in DOM order."""
-    rows = page.eval_on_selector_all(
-        "#log > li.ev", "els => els.map(e => [Number(e.dataset.seq), e.dataset.kind])"
-    )
+    rows = page.eval_on_selector_all("#log > li.ev", "els => els.map(e => [Number(e.dataset.seq), e.dataset.kind])")
     return [(int(s), str(k)) for s, k in rows]
 
 

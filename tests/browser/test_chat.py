@@ -135,3 +135,63 @@ def test_steer_is_shown_queued_until_it_lands(
     # Phone width: nothing forces horizontal scrolling.
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     assert page.js_errors == []
+
+
+def fill_log(session_id: Any, count: int) -> None:
+    from sessions_app import log
+
+    with log.locked(session_id) as tx:
+        for i in range(count):
+            tx.append("context/injected", {"text": f"note {i + 1}"})
+
+
+def test_long_history_pages_back_while_live(
+    start_server: Callable[..., Any], new_page: Callable[..., Any], make_user: Callable[..., Any], demo_profile: Any
+) -> None:
+    from sessions_app import log, services
+    from sessions_app.views import PAGE_SIZE
+
+    server = start_server()
+    alice = make_user("alice")
+    session = services.create_session(alice, demo_profile)
+    fill_log(session.id, 2 * PAGE_SIZE + 50)
+    page = new_page(server, alice)
+    page.goto(f"/sessions/{session.id}/")
+    expect(page.locator("#live")).to_have_text("live")
+    assert len(rendered_events(page)) == PAGE_SIZE  # a bounded first page
+
+    # htmx swaps each older page in above; the socket keeps appending below.
+    for _ in range(3):
+        page.get_by_role("link", name="Load earlier events").first.click()
+        page.wait_for_load_state("networkidle")
+    expect(page.get_by_role("link", name="Load earlier events")).to_have_count(0)
+    event = log.append(session.id, "context/injected", {"text": "arrived live"})
+    expect(page.locator(f"#ev-{event.seq}")).to_contain_text("arrived live")
+    shown = assert_in_sync(page, session.id)
+    assert [seq for seq, _ in shown] == list(range(1, event.seq + 1))
+    assert page.js_errors == []
+
+
+def test_pages_work_without_javascript(
+    start_server: Callable[..., Any], new_page: Callable[..., Any], make_user: Callable[..., Any], demo_profile: Any
+) -> None:
+    from sessions_app import services
+    from sessions_app.models import Event
+    from sessions_app.views import PAGE_SIZE
+
+    server = start_server(TERRET_WORKER="inprocess")  # the turn the message starts runs in daphne
+    alice = make_user("alice")
+    session = services.create_session(alice, demo_profile)
+    fill_log(session.id, PAGE_SIZE + 5)
+    page = new_page(server, alice, js=False, width=390)
+    page.goto("/")
+    page.get_by_role("link", name="Untitled session").click()
+    expect(page.locator("#live")).to_have_text("offline")  # nothing live without JS
+    page.get_by_label("Message").fill("plain form post")
+    page.get_by_role("button", name="Send").click()  # POST, redirect, server render
+    expect(page.locator("#log li.k-user-message")).to_contain_text("plain form post")
+    assert Event.objects.filter(session=session, kind="user/message").count() == 1
+    page.get_by_role("link", name="Load earlier events").click()  # a page of history
+    expect(page).to_have_url(re.compile(r"\?before=\d+$"))
+    expect(page.locator("#ev-2")).to_contain_text("note 1")
+    expect(page.get_by_role("link", name="Jump to latest")).to_be_visible()

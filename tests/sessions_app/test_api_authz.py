@@ -14,9 +14,19 @@ from django.test import Client
 
 from sessions_app.api import auth as tokens
 from sessions_app.models import ApiToken, Session
-from tests.sessions_app.apiutil import bearer, call, event_count, make_reviewer, new_session, park_calls, token_for
+from tests.sessions_app.apiutil import (
+    bearer,
+    call,
+    event_count,
+    fast_passwords,
+    make_reviewer,
+    new_session,
+    park_calls,
+    token_for,
+)
 
 pytestmark = pytest.mark.django_db
+_ = fast_passwords  # autouse fixture
 
 ROLES = ["anonymous", "owner", "owner_cookie", "stranger", "staff", "reviewer", "revoked", "inactive"]
 

@@ -15,6 +15,7 @@ from tests.sessions_app.apiutil import (
     bearer,
     call,
     event_count,
+    fast_passwords,
     head,
     make_reviewer,
     new_session,
@@ -23,6 +24,7 @@ from tests.sessions_app.apiutil import (
 )
 
 pytestmark = pytest.mark.django_db
+_ = fast_passwords  # autouse fixture
 
 
 @pytest.fixture(autouse=True)

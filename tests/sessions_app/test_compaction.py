@@ -79,7 +79,10 @@ def assert_well_formed(messages: list[dict[str, Any]]) -> None:
 
 
 def test_derive_messages_after_compaction(fake_llm: Any, session: Session) -> None:
-    assert turn(fake_llm, session, "first question", Reply(tool_calls=[("debug.noop", {})]), Reply(text="answer one")) == "ended"
+    assert (
+        turn(fake_llm, session, "first question", Reply(tool_calls=[("debug.noop", {})]), Reply(text="answer one"))
+        == "ended"
+    )
     before = derive_messages(session.id)
     assert [m["role"] for m in before] == ["user", "assistant", "tool", "assistant"]
     head = last_seq(session)
@@ -304,7 +307,9 @@ def test_trigger_uses_the_last_step_of_the_turn(fake_llm: Any, session: Session,
     assert compaction.over_budget(session.id) is False
 
 
-def test_turn_end_listener_hands_off_to_the_pool(fake_llm: Any, session: Session, profile: AgentProfile, settings: Any) -> None:
+def test_turn_end_listener_hands_off_to_the_pool(
+    fake_llm: Any, session: Session, profile: AgentProfile, settings: Any
+) -> None:
     """TERRET_WORKER=inprocess: the turn/end listener submits post_turn to the
     pool (never inline); titling and compaction happen there."""
     profile.compaction_budget = 100
@@ -325,7 +330,10 @@ def test_turn_end_listener_hands_off_to_the_pool(fake_llm: Any, session: Session
 
 def test_pending_approval_is_never_compacted(fake_llm: Any, session: Session) -> None:
     turn(fake_llm, session, "one", Reply(text="r1"))
-    assert turn(fake_llm, session, "write it", Reply(tool_calls=[("workspace.write", {"path": "a", "content": "b"})])) == "parked"
+    assert (
+        turn(fake_llm, session, "write it", Reply(tool_calls=[("workspace.write", {"path": "a", "content": "b"})]))
+        == "parked"
+    )
     head, requests = last_seq(session), len(fake_llm.requests)
     assert compaction.attempt(session.id, manual=True) == Declined("a turn is open; compaction happens between turns")
     assert last_seq(session) == head and len(fake_llm.requests) == requests
@@ -336,7 +344,14 @@ def test_pending_approval_is_never_compacted(fake_llm: Any, session: Session) ->
 def test_call_and_result_stay_together_across_compactions(fake_llm: Any, session: Session) -> None:
     """Boundaries fall between turns, so no compaction separates a call from
     its result: every derived view stays well formed."""
-    turn(fake_llm, session, "one", Reply(tool_calls=[("debug.noop", {})]), Reply(tool_calls=[("debug.noop", {})]), Reply(text="r1"))
+    turn(
+        fake_llm,
+        session,
+        "one",
+        Reply(tool_calls=[("debug.noop", {})]),
+        Reply(tool_calls=[("debug.noop", {})]),
+        Reply(text="r1"),
+    )
     fake_llm.script(Reply(text="S1"))
     first = compaction.compact(session.id, manual=True)
     assert first is not None
@@ -355,7 +370,10 @@ def test_call_and_result_stay_together_across_compactions(fake_llm: Any, session
 
 
 def test_cancelled_turn_with_owed_calls_compacts_cleanly(fake_llm: Any, session: Session) -> None:
-    assert turn(fake_llm, session, "write", Reply(tool_calls=[("workspace.write", {"path": "a", "content": "b"})])) == "parked"
+    assert (
+        turn(fake_llm, session, "write", Reply(tool_calls=[("workspace.write", {"path": "a", "content": "b"})]))
+        == "parked"
+    )
     services.cancel(session.id)
     drive(session.id)
     assert Session.objects.get(id=session.id).open_turn_seq is None
@@ -371,7 +389,9 @@ def test_boundary_check_under_the_lock_sees_a_pending_approval(session: Session)
     """The decision itself: a row with an open turn or a pending approval is refused."""
     log.append(session.id, "turn/start", {})
     log.append(session.id, "user/message", {"text": "x"})
-    log.append(session.id, "assistant/message", {"content": None, "tool_calls": [{"id": "c1", "name": "t", "arguments": "{}"}]})
+    log.append(
+        session.id, "assistant/message", {"content": None, "tool_calls": [{"id": "c1", "name": "t", "arguments": "{}"}]}
+    )
     log.append(session.id, "approval/requested", {"call_id": "c1", "name": "t", "args": {}})
     with log.locked(session.id) as tx:
         assert compaction.boundary_problem(tx.row, session.id, tx.row["last_seq"]) is not None

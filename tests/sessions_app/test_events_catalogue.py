@@ -46,9 +46,18 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"purpose": "title", "usage": USAGE},
         {"purpose": "compaction", "model": "x/y", "usage": {**USAGE, "cost": None}},
     ],
-    "input/queued": [{"text": "later", "wake": False}, {"text": "now", "wake": True, "idempotency_key": "k", "by": "a"}],
-    "approval/requested": [{"call_id": "c", "name": "shell.run", "args": {}}, {"call_id": "c", "name": "n", "args": {"a": [1]}}],
-    "approval/resolved": [{"call_id": "c", "verdict": "approve"}, {"call_id": "c", "verdict": "deny", "reason": "no", "by": "b"}],
+    "input/queued": [
+        {"text": "later", "wake": False},
+        {"text": "now", "wake": True, "idempotency_key": "k", "by": "a"},
+    ],
+    "approval/requested": [
+        {"call_id": "c", "name": "shell.run", "args": {}},
+        {"call_id": "c", "name": "n", "args": {"a": [1]}},
+    ],
+    "approval/resolved": [
+        {"call_id": "c", "verdict": "approve"},
+        {"call_id": "c", "verdict": "deny", "reason": "no", "by": "b"},
+    ],
     "session/titled": [{"title": "T"}, {"title": "x" * 80}],
     "policy/updated": [{"patterns": []}, {"patterns": ["clock.*", "workspace.read"], "by": "admin"}],
     "model/updated": [{"role": r, "spec": "openai/gpt-4o-mini"} for r in ("main", "titler", "compactor")],
@@ -208,7 +217,9 @@ def test_doc_section_matches_the_kind(kind: str) -> None:
 
     # Every payload field has a row in the section's table, marked required
     # exactly when the schema requires it.
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)`\s*\|[^|]*\|\s*(yes|no)\s*\|", section, flags=re.M)}
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)`\s*\|[^|]*\|\s*(yes|no)\s*\|", section, flags=re.M)
+    }
     props = spec.schema["properties"]
     assert set(rows) == set(props)
     required = set(spec.schema.get("required", []))

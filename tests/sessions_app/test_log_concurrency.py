@@ -197,9 +197,7 @@ def test_eight_processes_append_to_one_session_sqlite_file(tmp_path: Path) -> No
         timeout=180,
     )
     assert migrate.returncode == 0, migrate.stderr
-    made = subprocess.run(
-        [sys.executable, "-c", SETUP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    made = subprocess.run([sys.executable, "-c", SETUP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     session_id = uuid.UUID(made.stdout.strip().splitlines()[-1])
 

@@ -86,7 +86,7 @@ def test_session_with_events_cannot_be_deleted(event: Event) -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        "UPDATE sessions_app_event SET data = '{\"text\": \"rewritten\"}'::jsonb WHERE id = %s",
+        'UPDATE sessions_app_event SET data = \'{"text": "rewritten"}\'::jsonb WHERE id = %s',
         "UPDATE sessions_app_event SET seq = 99 WHERE id = %s",
         "DELETE FROM sessions_app_event WHERE id = %s",
     ],

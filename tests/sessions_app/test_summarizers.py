@@ -180,7 +180,9 @@ def test_morph_unreachable_declines(morph_session: Session, settings: Any) -> No
 def test_morph_failure_in_the_trigger_is_non_fatal_and_retried(morph: _MorphServer, morph_session: Session) -> None:
     morph_session.profile.compaction_budget = 10
     morph_session.profile.save()
-    log.append(morph_session.id, "step/end", {"step": 1, "usage": {"prompt_tokens": 50, "completion_tokens": 1, "cost": 0.0}})
+    log.append(
+        morph_session.id, "step/end", {"step": 1, "usage": {"prompt_tokens": 50, "completion_tokens": 1, "cost": 0.0}}
+    )
     morph.mode = "http_error"
     assert compaction.maybe_compact(morph_session.id) is None
     morph.mode = "ok"
@@ -214,7 +216,9 @@ def test_render_history_tags_every_part() -> None:
         [
             HistoryEvent(1, "session/compacted", {"upto_seq": 0, "summary": "before"}),
             HistoryEvent(2, "context/injected", {"text": "steer"}),
-            HistoryEvent(3, "assistant/message", {"content": "a\nb", "tool_calls": [{"id": "k", "name": "n", "arguments": ""}]}),
+            HistoryEvent(
+                3, "assistant/message", {"content": "a\nb", "tool_calls": [{"id": "k", "name": "n", "arguments": ""}]}
+            ),
             HistoryEvent(4, "tool/result", {"call_id": "k", "name": "n", "content": "boom", "is_error": True}),
         ],
     )

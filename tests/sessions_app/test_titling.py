@@ -40,7 +40,9 @@ def _first_turn(fake: Any, session: Session, text: str = LONG) -> None:
 
 
 def titles(session: Session) -> list[str]:
-    return [d["title"] for d in Event.objects.filter(session=session, kind="session/titled").values_list("data", flat=True)]
+    return [
+        d["title"] for d in Event.objects.filter(session=session, kind="session/titled").values_list("data", flat=True)
+    ]
 
 
 def test_titler_role_writes_the_title(fake_llm: Any, make_user: Any) -> None:
@@ -56,7 +58,11 @@ def test_titler_role_writes_the_title(fake_llm: Any, make_user: Any) -> None:
     assert LONG in request["messages"][1]["content"]
     # its usage is on the books, marked as a title request
     recorded = Event.objects.get(session=session, kind="usage/recorded").data
-    assert recorded == {"purpose": "title", "model": "test/titler", "usage": {"prompt_tokens": 30, "completion_tokens": 4, "cost": 0.0002}}
+    assert recorded == {
+        "purpose": "title",
+        "model": "test/titler",
+        "usage": {"prompt_tokens": 30, "completion_tokens": 4, "cost": 0.0002},
+    }
     # the title comes after the first turn/end and is never model-visible
     kinds = list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
     assert kinds.index("session/titled") > kinds.index("turn/end")

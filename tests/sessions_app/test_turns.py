@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from sessions_app import log, services
-from sessions_app.errors import AgentCapExceeded, AgentBusy, AgentExists, InvalidInput, TurnAlreadyRunning, TurnOpenInLog
+from sessions_app.errors import (
+    AgentBusy,
+    AgentCapExceeded,
+    AgentExists,
+    InvalidInput,
+    TurnAlreadyRunning,
+    TurnOpenInLog,
+)
 from sessions_app.models import Agent, AgentProfile, Event, Session
 from sessions_app.runtime import hooks, lease
 from sessions_app.runtime.loop import MAX_STEPS, drive

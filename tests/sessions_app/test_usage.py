@@ -6,7 +6,6 @@ process recomputes them."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from django.db.models import Sum
 
 from sessions_app import compaction, log, services
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
-from sessions_app.usage import Totals, check_session, format_cost, log_sum, log_sum_by_day, totals_of, usage
+from sessions_app.usage import Totals, check_session, format_cost, log_sum_by_day, totals_of, usage
 from tests.fakes.fake_llm import Reply, responder_for_mode
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,7 +85,13 @@ def test_usage_day_is_one_row_per_profile_and_day(make_user: Any, profile: Agent
     for sid in (a.id, b.id, a.id):
         log.append(sid, "step/end", {"step": 1, "usage": _u(10, 1, 0.5)})
     (row,) = UsageDay.objects.filter(profile=profile)
-    assert (row.steps, row.prompt_tokens, row.completion_tokens, row.cost, row.unpriced_entries) == (3, 30, 3, Decimal("1.5"), 0)
+    assert (row.steps, row.prompt_tokens, row.completion_tokens, row.cost, row.unpriced_entries) == (
+        3,
+        30,
+        3,
+        Decimal("1.5"),
+        0,
+    )
     # rejected appends touch neither total
     with pytest.raises(log.InvalidPayload):
         log.append(a.id, "step/end", {"step": 1, "usage": _u(-1, 1, 0.5)})
@@ -182,7 +187,14 @@ def test_totals_survive_a_killed_worker_and_a_fresh_process(
         60,
         "the second turns",
     )
+    # post_turn ran on the workers (Celery task): each session titled exactly once
+    _wait(
+        lambda: all(Session.objects.get(id=s.id).title for s in sessions),
+        30,
+        "titles from the post_turn task",
+    )
     second.kill()
+    assert all(Event.objects.filter(session=s, kind="session/titled").count() == 1 for s in sessions)
     assert any(Session.objects.get(id=s.id).last_seq > killed_at[s.id] for s in sessions)
 
     # in this process: running totals == the log's sum, per session and per profile/day

@@ -1,0 +1,82 @@
+"""The live queue socket: hints after commit, coalesced, permission re-checked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group
+
+from approvals_app import services as approvals
+from approvals_app.consumers import hint_html
+from sessions_app import services
+from sessions_app.api.auth import issue_token
+from tests.approvals_app.conftest import park
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def setup(make_user: Any, make_reviewer: Any, profile: Any, settings: Any) -> dict[str, Any]:
+    settings.TERRET_WORKER = "manual"
+    reviewer = make_reviewer("rev")
+    session = services.create_session(make_user("owner"), profile)
+    return {"reviewer": reviewer, "session": session, "token": issue_token(reviewer)[1]}
+
+
+async def connect(token: str) -> WebsocketCommunicator:
+    from terret_site.asgi import application
+
+    comm = WebsocketCommunicator(application, f"/ws/approvals/?token={token}")
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+def test_hint_is_an_out_of_band_refetch_of_the_queue_fragment() -> None:
+    html = hint_html()
+    assert 'id="approvals-live"' in html and 'hx-swap-oob="true"' in html
+    assert 'hx-get="/approvals/queue/"' in html and 'hx-trigger="load"' in html
+    assert 'hx-target="#approval-queue"' in html
+
+
+async def test_request_and_verdict_each_send_one_hint(setup: dict[str, Any]) -> None:
+    comm = await connect(setup["token"])
+    sid = setup["session"].id
+    await asyncio.sleep(0.2)  # joined the group
+    await sync_to_async(park)(sid, "c1")
+    assert await comm.receive_from(10) == hint_html()
+    await sync_to_async(approvals.decide)(sid, "c1", "approve", user=setup["reviewer"])
+    assert await comm.receive_from(10) == hint_html()
+    assert await comm.receive_nothing(0.5)
+    await comm.disconnect()
+
+
+async def test_a_burst_of_changes_is_one_hint(setup: dict[str, Any]) -> None:
+    comm = await connect(setup["token"])
+    sid = setup["session"].id
+    await asyncio.sleep(0.2)
+
+    def burst() -> None:
+        park(sid, "c1")
+        park(sid, "c2", new_turn=False)
+        services.cancel(sid)  # denies both
+
+    await sync_to_async(burst)()
+    assert await comm.receive_from(10) == hint_html()
+    assert await comm.receive_nothing(0.6)
+    await comm.disconnect()
+
+
+async def test_losing_the_permission_closes_the_socket(setup: dict[str, Any]) -> None:
+    comm = await connect(setup["token"])
+    await asyncio.sleep(0.2)
+    await sync_to_async(lambda: setup["reviewer"].groups.remove(Group.objects.get(name="reviewers")))()
+    await sync_to_async(park)(setup["session"].id, "c1")
+    frame = json.loads(await comm.receive_from(10))
+    assert frame["type"] == "error" and frame["code"] == "not_allowed"
+    assert await comm.receive_output(10) == {"type": "websocket.close", "code": 4403}
