@@ -81,7 +81,9 @@ def build_long_session(session_id: uuid.UUID, start_seq: int, total: int, compac
         if (seq - start_seq) // compact_every != (seq - start_seq - 10) // compact_every:
             seq += 1
             summary = f"Summary after {n} turns: parts 1..{n} of the job are done."
-            rows.append((session_id, seq, "session/compacted", json.dumps({"upto_seq": seq - 1, "summary": summary}), now))
+            rows.append(
+                (session_id, seq, "session/compacted", json.dumps({"upto_seq": seq - 1, "summary": summary}), now)
+            )
             compacted_seq = seq
     # the head is a compaction, as a long session normally is after its trigger
     if compacted_seq != seq:
@@ -89,7 +91,10 @@ def build_long_session(session_id: uuid.UUID, start_seq: int, total: int, compac
         rows.append((session_id, seq, "session/compacted", json.dumps({"upto_seq": seq - 1, "summary": "latest"}), now))
         compacted_seq = seq
     raw = connection.connection  # psycopg.Connection
-    with raw.cursor() as cur, cur.copy("COPY sessions_app_event (session_id, seq, kind, data, created_at) FROM STDIN") as cp:
+    with (
+        raw.cursor() as cur,
+        cur.copy("COPY sessions_app_event (session_id, seq, kind, data, created_at) FROM STDIN") as cp,
+    ):
         for row in rows:
             cp.write_row(row)
     assert totals is not None
@@ -104,8 +109,9 @@ def set_projection(session_id: uuid.UUID, profile_id: int, p: dict[str, Any]) ->
     with connection.cursor() as cur:
         cur.execute(
             "UPDATE sessions_app_session SET last_seq = %s, last_event_at = %s, compacted_seq = %s, "
-            "open_turn_seq = NULL, pending_approvals = 0, steps = steps + %s, unpriced_entries = unpriced_entries + %s, "
-            "prompt_tokens = prompt_tokens + %s, completion_tokens = completion_tokens + %s, cost = cost + %s "
+            "open_turn_seq = NULL, pending_approvals = 0, steps = steps + %s, "
+            "unpriced_entries = unpriced_entries + %s, prompt_tokens = prompt_tokens + %s, "
+            "completion_tokens = completion_tokens + %s, cost = cost + %s "
             "WHERE id = %s",
             [p["last_seq"], p["at"], p["compacted_seq"], t.steps, t.unpriced, t.prompt_tokens, t.completion_tokens,
              t.cost, session_id],
@@ -211,7 +217,9 @@ def main() -> None:
         ok, _, _ = check_session(long_s.id)
         long_events = Session.objects.get(id=long_s.id).last_seq
         fresh_events = Session.objects.get(id=fresh_s.id).last_seq
-        print(f"turns timed per session: {opts.turns} (one step each: step/start, model, assistant, step/end, turn/end)")
+        print(
+            f"turns timed per session: {opts.turns} (one step each: step/start, model, assistant, step/end, turn/end)"
+        )
         print(f"long  ({long_events:>6} events) turn:   {ms(long_t)}")
         print(f"fresh ({fresh_events:>6} events) turn:   {ms(fresh_t)}")
         print(f"long  derive_messages:        {ms(long_d)}")

@@ -80,7 +80,7 @@ def parse_after(scope: dict[str, Any]) -> int:
     if not values:
         return 0
     raw = values[-1]
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidInput("after must be an integer >= 0")
     return int(raw)
 

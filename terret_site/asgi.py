@@ -23,3 +23,12 @@ application = ProtocolTypeRouter(
         "websocket": SocketAuthStack(URLRouter(websocket_urlpatterns)),
     }
 )
+
+# Embedded mode: this process is also the worker. Sweep now (turns a previous
+# process left open are resumed) and periodically after that.
+from django.conf import settings  # noqa: E402
+
+if settings.TERRET_WORKER == "inprocess":
+    from sessions_app.runtime import inprocess  # noqa: E402
+
+    inprocess.start_sweeper()

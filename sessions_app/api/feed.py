@@ -131,6 +131,8 @@ class FrameCache:
         hit = tail.serve(after, target)
         if hit is not None:
             return hit
+        if tail.frames and after + 1 < tail.frames[0][0]:
+            return await self.read(session_id, after)  # far behind the head: its own read, queued behind no one
         async with tail.lock:
             hit = tail.serve(after, target)
             if hit is not None:

@@ -83,8 +83,10 @@ def _sweep_forever() -> None:
     stop = threading.Event()
     while not stop.is_set():
         try:
-            for sid in sweep():
-                submit(sid)
+            # Re-read each round: tests switch the worker mode at run time.
+            if settings.TERRET_WORKER == "inprocess":
+                for sid in sweep():
+                    submit(sid)
         except Exception:
             log.exception("sweep failed")
         finally:

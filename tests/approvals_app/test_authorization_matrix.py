@@ -168,10 +168,10 @@ def _path(base: str, user: Any) -> str:
     return base if user is None else f"{base}?token={issue_token(user)[1]}"
 
 
-async def _next_frame(comm: WebsocketCommunicator, want: str, timeout: float = 10.0) -> dict[str, Any]:
+async def _next_frame(comm: WebsocketCommunicator, want: str, wait: float = 10.0) -> dict[str, Any]:
     """The next frame of type `want` (or an error), skipping event frames."""
     while True:
-        raw = await comm.receive_output(timeout)
+        raw = await comm.receive_output(wait)
         if raw["type"] == "websocket.close":
             return {"type": "close", "code": raw.get("code")}
         frame = json.loads(raw["text"])

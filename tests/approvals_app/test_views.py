@@ -45,12 +45,12 @@ def test_queue_lists_tool_args_title_and_age(rclient: Client, session: Session, 
     html = response.content.decode()
     assert "Refactor the parser" in html and "Untitled session" in html
     # pretty-printed (indented, one key per line) and escaped
-    assert '\n  &quot;path&quot;: &quot;notes/&lt;b&gt;.txt&quot;\n' in html and "<b>" not in html
+    assert "\n  &quot;path&quot;: &quot;notes/&lt;b&gt;.txt&quot;\n" in html and "<b>" not in html
     assert html.count('name="verdict" value="approve"') == 2
     assert 'ws-connect="/ws/approvals/"' in html
     assert "<time datetime=" in html
     # oldest first
-    assert html.index("c1") < html.index("c2")
+    assert html.index('data-call-id="c1"') < html.index('data-call-id="c2"')
 
 
 def test_queue_fragment_is_the_queue_alone(rclient: Client, session: Session) -> None:

@@ -13,7 +13,7 @@ from tests.browser.conftest import assert_in_sync
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.postgres, pytest.mark.redis]
 
-STORY = "please tell me about " + " ".join(f"item{i}" for i in range(30))
+STORY = "please tell me about " + " ".join(f"item{i}" for i in range(60))
 
 
 def test_reconnect_after_server_restart_mid_turn(

@@ -84,3 +84,32 @@ def test_reviewer_sees_but_cannot_edit(client: Client, session: Session, make_us
     assert "<code>clock.*</code>" in html and "<textarea" not in html
     assert client.post(url(session), {"patterns": "*"}).status_code == 403
     assert policies(session) == [["clock.*"]]
+
+
+def test_admin_validates_the_floor(client: Client, django_user_model: Any, profile: Any) -> None:
+    admin = django_user_model.objects.create_superuser("admin", password="pw")
+    client.force_login(admin)
+    url = f"/admin/sessions_app/agentprofile/{profile.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None}
+    data.update(
+        {
+            "roles": "{}",
+            "builtin_tools": '["clock.now"]',
+            "mcp_servers": "[]",
+            "approvals": "{}",
+            "created_at_0": "2026-01-01",
+            "created_at_1": "00:00:00",
+            "allow_floor": '["clock.*", "bad pattern"]',
+        }
+    )
+    response = client.post(url, data)
+    assert response.status_code == 200 and "pattern 2" in response.content.decode()
+    profile.refresh_from_db()
+    assert profile.allow_floor == ["clock.*"]
+    data["allow_floor"] = '["workspace.*"]'
+    assert client.post(url, data).status_code == 302
+    profile.refresh_from_db()
+    assert profile.allow_floor == ["workspace.*"]
