@@ -71,14 +71,17 @@ run: $(STAMP) .env
 # Celery worker processes running turns. Each worker sweeps for orphaned
 # turns itself (sessions_app/tasks.py), so no beat process is needed; if
 # CELERY_BEAT_SCHEDULE is ever filled in, one beat process is started too.
+# Settings are read the way the processes will read them (environment, then
+# .env), through plain python: `manage.py shell` prints extra lines.
+SETTING = DJANGO_SETTINGS_MODULE=terret_site.settings $(PY) -c "from django.conf import settings as s; print($(1))"
+
 dist: $(STAMP) .env
-	@$(PY) manage.py shell -c "from django.conf import settings as s; import sys; \
-		ok = s.IS_POSTGRES and s.REDIS_URL and s.TERRET_WORKER == 'celery'; \
-		ok or sys.exit('make dist needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (environment or .env), and TERRET_WORKER unset or celery')"
+	@[ "$$($(call SETTING,bool(s.IS_POSTGRES and s.REDIS_URL and s.TERRET_WORKER == 'celery')))" = True ] || { \
+		echo "make dist needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (environment or .env)," \
+			"and TERRET_WORKER unset or celery" >&2; exit 1; }
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
-	@queue=$$($(PY) manage.py shell -c "from django.conf import settings; print(settings.CELERY_TASK_DEFAULT_QUEUE)"); \
-	beat=$$($(PY) manage.py shell -c "from django.conf import settings; print(len(settings.CELERY_BEAT_SCHEDULE))"); \
+	@queue=$$($(call SETTING,s.CELERY_TASK_DEFAULT_QUEUE)) && beat=$$($(call SETTING,len(s.CELERY_BEAT_SCHEDULE))) || exit 1; \
 	pids=(); \
 	trap 'trap - INT TERM EXIT; kill $${pids[@]} 2>/dev/null; wait' INT TERM EXIT; \
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) terret_site.asgi:application & pids+=($$!); \

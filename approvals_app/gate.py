@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from approvals_app.selectors import request_in_turn
+from approvals_app.selectors import approval_records
 from sessions_app import log
 from sessions_app.models import Event
 from sessions_app.selectors import LoggedEvent
@@ -54,8 +54,15 @@ def check(
     """
     if not needs_approval(defn, overrides):
         return GateDecision("run")
-    record = request_in_turn(events, call_id, defn.name, args, after_seq=after_seq)
+    records = [r for r in approval_records(events) if r.seq > after_seq and r.call_id == call_id]
+    bound = [r for r in records if r.binds(call_id, defn.name, args)]
+    record = bound[-1] if bound else None
     if record is None or record.superseded:
+        # A provider that repeats a call id within one message: wait behind
+        # the unsettled request rather than supersede it (superseding would
+        # leave pending_approvals counting a request nobody can decide).
+        if any(r.open for r in records):
+            return GateDecision("park")
         return GateDecision("ask")
     if record.verdict is None:
         return GateDecision("park")

@@ -15,7 +15,8 @@ Three tasks per socket, so nothing one of them waits on holds up the others:
   it fill, the pump just waits (it resumes from its last seq, the database
   is its queue) and deltas are dropped; other sockets are unaffected.
 
-Channel-layer handlers (log_hint, log_delta) only note the news and return.
+Hints and deltas arrive through feed.Hub (on_hint, on_delta), which only
+note the news and return.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +61,9 @@ PENDING_MAX = 32
 POLL_SECONDS = 5.0
 
 ACTION_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="terret-ws-act")
+# Polls and access checks run apart from the reads that carry live events, so
+# a burst of them never delays a hint's read.
+CHECK_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="terret-ws-check")
 
 
 def _in_thread(fn: Callable[..., Any], pool: ThreadPoolExecutor) -> Callable[..., Coroutine[Any, Any, Any]]:
@@ -127,6 +132,10 @@ def _describe(exc: ValidationError) -> str:
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
+    # No channel of its own: hints reach sockets through feed.Hub, one
+    # channel-layer subscription per session per process (an alias that names
+    # no layer makes channels skip the per-socket channel and its receive).
+    channel_layer_alias = "terret-sockets-listen-through-the-hub"
     sid: uuid.UUID | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -163,11 +172,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return await self._refuse(exc, 4404 if exc.status == 404 else 4403)
 
         self.sid = access["session"]
-        self.group = hints.group_name(self.sid)
         feed.frame_cache().watch(self.sid)
         # Subscribe before reading the head: every event committed after this
         # line gets a hint, and everything before it is in the first read.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await feed.hub().subscribe(self.sid, self)
         last_seq = await _in_thread(ops.head, feed.READ_POOL)(self.sid)
         hello = {
             "type": "hello",
@@ -187,7 +195,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             task.cancel()
         if self.sid is not None:
             feed.frame_cache().unwatch(self.sid)
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await feed.hub().unsubscribe(self.sid, self)
             self.sid = None
 
     async def _refuse(self, exc: TerretError, code: int) -> None:
@@ -205,22 +213,18 @@ class SessionConsumer(AsyncWebsocketConsumer):
             logger.exception("session socket %s failed", self.sid)
             await self.close(code=1011)
 
-    # ------------------------------------------------------------ channel layer
+    # ------------------------------------------------------------ hub (feed.Subscriber)
 
-    async def log_hint(self, message: dict[str, Any]) -> None:
-        seq = message.get("seq")
-        if not isinstance(seq, int):
-            return
+    def on_hint(self, seq: int) -> None:
         self.target = max(self.target, seq)
         if seq > self.last_sent:
             # Even a repeated seq wakes the pump: a read may have come up
             # short while that seq was still committing.
             self.wake.set()
 
-    async def log_delta(self, message: dict[str, Any]) -> None:
+    def on_delta(self, frame: str) -> None:
         if not self.synced:
             return  # mid-replay the client is not looking at the live step yet
-        frame = json.dumps({"type": "delta", "step": message.get("step"), "text": message.get("text", "")})
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
@@ -256,10 +260,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 if rows:
                     continue
             try:
-                await asyncio.wait_for(self.wake.wait(), POLL_SECONDS)
+                # Jittered, so the sockets of one process do not poll in step.
+                await asyncio.wait_for(self.wake.wait(), POLL_SECONDS * random.uniform(0.8, 1.2))
             except TimeoutError:
                 try:
-                    rows = await _in_thread(self._poll, feed.READ_POOL)(self.last_sent)
+                    rows = await _in_thread(self._poll, CHECK_POOL)(self.last_sent)
                 except AccessLost as exc:
                     await self.outbox.put(json.dumps({"type": "error", **error_body(exc)}))
                     await self.outbox.put(_Close(4403))

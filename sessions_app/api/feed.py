@@ -7,24 +7,30 @@ and no per-event json round trip.
 `FrameCache` keeps each watched session's newest frames per event loop.
 Events are immutable and committed seqs are gapless, so a cached frame is
 never stale: when 50 sockets watch one session, a commit hint costs one
-database read, not 50.
+database read, not 50. `Hub` likewise receives each hint once per process
+and hands it to every local socket of the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from django.db.models import TextField
 from django.db.models.functions import Cast
 
+from sessions_app import hints
 from sessions_app.models import Event
+
+logger = logging.getLogger(__name__)
 
 PAGE = 1000
 TAIL_MAX = 512
@@ -140,7 +146,106 @@ class FrameCache:
             return await self.read(session_id, after)
 
 
+class Subscriber(Protocol):
+    def on_hint(self, seq: int) -> None: ...
+
+    def on_delta(self, frame: str) -> None: ...
+
+
+@dataclass
+class _Watch:
+    subscribers: set[Subscriber] = field(default_factory=set)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    channel: str | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class Hub:
+    """One channel-layer subscription per watched session per event loop,
+    fanned out in memory to the loop's sockets. With 50 sockets on a session
+    a commit hint is one channel-layer message to this process, not 50.
+
+    Handlers only note news (on_hint / on_delta are synchronous and O(1));
+    the sockets read the events themselves.
+    """
+
+    # channels_redis forgets group members after a day; a long watch rejoins.
+    REJOIN_SECONDS = 3600.0
+
+    def __init__(self) -> None:
+        self._watches: dict[uuid.UUID, _Watch] = {}
+
+    async def subscribe(self, session_id: uuid.UUID, subscriber: Subscriber) -> None:
+        """Returns once hints for the session are being received."""
+        watch = self._watches.get(session_id)
+        if watch is not None:
+            watch.subscribers.add(subscriber)
+            await watch.ready.wait()
+            return
+        watch = self._watches[session_id] = _Watch({subscriber})
+        layer = get_channel_layer()
+        assert layer is not None
+        watch.channel = await layer.new_channel()
+        await layer.group_add(hints.group_name(session_id), watch.channel)
+        watch.task = asyncio.create_task(self._listen(session_id, watch))
+        watch.ready.set()
+        if not watch.subscribers:  # every subscriber left while we were joining
+            await self._close(session_id, watch)
+
+    async def unsubscribe(self, session_id: uuid.UUID, subscriber: Subscriber) -> None:
+        watch = self._watches.get(session_id)
+        if watch is None:
+            return
+        watch.subscribers.discard(subscriber)
+        if not watch.subscribers and watch.ready.is_set():
+            await self._close(session_id, watch)
+
+    async def _close(self, session_id: uuid.UUID, watch: _Watch) -> None:
+        if self._watches.get(session_id) is watch:
+            del self._watches[session_id]
+        if watch.task is not None:
+            watch.task.cancel()
+        layer = get_channel_layer()
+        if layer is not None and watch.channel is not None:
+            await layer.group_discard(hints.group_name(session_id), watch.channel)
+
+    async def _listen(self, session_id: uuid.UUID, watch: _Watch) -> None:
+        layer = get_channel_layer()
+        assert layer is not None and watch.channel is not None
+        group = hints.group_name(session_id)
+        rejoin_at = asyncio.get_running_loop().time() + self.REJOIN_SECONDS
+        while True:
+            try:
+                message = await asyncio.wait_for(layer.receive(watch.channel), self.REJOIN_SECONDS)
+            except TimeoutError:
+                message = None
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A layer hiccup (Redis restart): the sockets' polls cover the
+                # gap; listen again shortly.
+                logger.warning("hint subscription for %s failed; retrying", session_id, exc_info=True)
+                await asyncio.sleep(1.0)
+                message = None
+            if asyncio.get_running_loop().time() >= rejoin_at:
+                await layer.group_add(group, watch.channel)
+                rejoin_at = asyncio.get_running_loop().time() + self.REJOIN_SECONDS
+            if message is not None:
+                self._dispatch(watch, message)
+
+    @staticmethod
+    def _dispatch(watch: _Watch, message: dict[str, Any]) -> None:
+        if message.get("type") == "log.hint" and isinstance(message.get("seq"), int):
+            for subscriber in list(watch.subscribers):
+                subscriber.on_hint(message["seq"])
+        elif message.get("type") == "log.delta":
+            frame = json.dumps({"type": "delta", "step": message.get("step"), "text": message.get("text", "")})
+            for subscriber in list(watch.subscribers):
+                subscriber.on_delta(frame)
+
+
 _caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameCache] = weakref.WeakKeyDictionary()
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
 
 
 def frame_cache() -> FrameCache:
@@ -149,3 +254,11 @@ def frame_cache() -> FrameCache:
     if cache is None:
         cache = _caches[loop] = FrameCache()
     return cache
+
+
+def hub() -> Hub:
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        found = _hubs[loop] = Hub()
+    return found

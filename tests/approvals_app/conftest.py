@@ -11,6 +11,12 @@ from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # Every actor is a real user with a password; PBKDF2 would dominate these tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def profile(db: None) -> AgentProfile:
     return AgentProfile.objects.create(

@@ -80,3 +80,11 @@ def test_stray_resolution_and_superseded_request() -> None:
     records = approval_records(events)
     assert [(r.seq, r.superseded, r.verdict) for r in records] == [(5, True, None), (7, False, None)]
     assert [p.seq for p in pending_from_events(events)] == [7]
+
+
+def test_a_repeated_call_id_waits_behind_the_unsettled_request() -> None:
+    # One message carrying c1 twice (a provider bug): the second must not
+    # supersede the first, or pending_approvals would count a request nobody
+    # can ever decide.
+    assert gate.check([req(5, "c1", A)], WRITE, {}, "c1", B, after_seq=4).action == "park"
+    assert gate.check([req(5, "c1", A), res(6, "c1", "approve")], WRITE, {}, "c1", B, after_seq=4).action == "ask"

@@ -17,6 +17,12 @@ def fresh_cache() -> Iterator[None]:
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # Every actor is a real user with a password; PBKDF2 would dominate these tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def profile(db: None) -> AgentProfile:
     return AgentProfile.objects.create(

@@ -67,6 +67,7 @@ def test_nothing_delivered_for_rolled_back_appends(make_session: Any, listen: Li
     with pytest.raises(RuntimeError), locked(s.id) as tx:
         tx.append("turn/start", {})
         raise RuntimeError
+    assert_nothing_pending(s.id)  # the released reservation leaves no entry behind
     with pytest.raises(RuntimeError), transaction.atomic():
         append(s.id, "turn/start", {})
         raise RuntimeError
@@ -124,6 +125,15 @@ def test_failing_listener_does_not_stop_others(make_session: Any, listen: Listen
     assert "listener bug" in caplog.text or "failed on" in caplog.text
 
 
+def assert_nothing_pending(session_id: uuid.UUID) -> None:
+    """The process-wide dispatcher keeps no entry for the session: nothing
+    waits, and nothing leaks in a long-lived worker."""
+    d = log.dispatcher
+    assert session_id not in d._reserved
+    assert session_id not in d._ready
+    assert session_id not in d._inflight
+
+
 @contextmanager
 def failing_commit() -> Iterator[None]:
     """Make the next COMMIT on this thread's connection fail (as a dropped
@@ -159,7 +169,7 @@ def test_failed_commit_in_locked_does_not_stall_later_events(make_session: Any, 
     ev = append(s.id, "user/message", {"text": "after"})
     assert ev.seq == 2
     assert [e.seq for e in seen] == [2]
-    assert not log.dispatcher._reserved and not log.dispatcher._ready
+    assert_nothing_pending(s.id)
 
 
 @pytest.mark.embedded
@@ -173,7 +183,7 @@ def test_failed_commit_in_append_does_not_stall_later_events(make_session: Any, 
     assert other_process_appends(s.id, "turn/start", {}) == 1
     append(s.id, "user/message", {"text": "after"})
     assert [e.seq for e in seen] == [2]
-    assert not log.dispatcher._reserved and not log.dispatcher._ready
+    assert_nothing_pending(s.id)
 
 
 def test_failed_append_statement_does_not_stall_later_events(
@@ -192,7 +202,7 @@ def test_failed_append_statement_does_not_stall_later_events(
     monkeypatch.setattr(log, "_insert", real_insert)
     append(s.id, "turn/start", {})
     assert [e.seq for e in seen] == [1]
-    assert not log.dispatcher._reserved and not log.dispatcher._ready and not log.dispatcher._inflight
+    assert_nothing_pending(s.id)
 
 
 # --- the dispatcher itself: deterministic ordering rules ---------------------
@@ -290,4 +300,4 @@ def test_threads_appending_deliver_in_seq_order(make_session: Any, listen: Liste
     assert not errors, errors
     total = 8 * (per_thread + per_thread // 5)
     assert [e.seq for e in seen] == list(range(1, total + 1))
-    assert not log.dispatcher._ready and not log.dispatcher._reserved and not log.dispatcher._inflight
+    assert_nothing_pending(s.id)

@@ -4,8 +4,10 @@ the policy, cancel, compact, and read the title and cost.
 
 Everything runs as in production: a real daphne process serves the API and
 the socket, a real Celery worker process runs the turns, and the model is
-FakeLLM speaking OpenAI SSE over HTTP. The test process only sets up a user
-and a token, then talks HTTP and websocket.
+FakeLLM speaking OpenAI SSE over HTTP. The test process only sets up a user,
+a token and the demo profile, then talks HTTP and websocket. The embedded
+variant drives the same program against the ASGI app in-process (SQLite,
+in-memory layer, in-process worker).
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from typing import Any
 
 import httpx
 import pytest
+from channels.testing import WebsocketCommunicator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from terret_site.asgi import application
 from tests.fakes.fake_llm import Reply
-from tests.sessions_app.apiutil import fast_passwords, make_reviewer, token_for
+from tests.sessions_app.apiutil import demo, fast_passwords, make_reviewer, token_for
 from tests.sessions_app.liveserver import DaphneProcess
-from tests.sessions_app.sockutil import db
+from tests.sessions_app.sockutil import db, fresh_channel_layer
 
-pytestmark = [pytest.mark.worker, pytest.mark.timeout(300)]
-_ = fast_passwords  # autouse fixture
+pytestmark = pytest.mark.timeout(300)
+_ = (fast_passwords, fresh_channel_layer)  # autouse fixtures
 
 COST = 0.001
 
@@ -95,9 +99,11 @@ class Watcher:
 
 @pytest.fixture
 def owner(make_user):
+    demo()  # the admin-managed profile the program will ask for (a flush by an earlier test removes it)
     return make_reviewer(make_user("program-owner"))
 
 
+@pytest.mark.worker
 async def test_a_program_drives_a_session_from_start_to_finish(fake_llm, start_worker, owner):
     fake_llm.responder = model
     token = await db(token_for)(owner)
@@ -106,19 +112,61 @@ async def test_a_program_drives_a_session_from_start_to_finish(fake_llm, start_w
     headers = {"Authorization": f"Bearer {token}"}
     try:
         async with httpx.AsyncClient(base_url=f"{server.http}/api", headers=headers, timeout=30) as api:
-            await drive(api, server, token)
+            await drive(api, lambda sid: connect(f"{server.ws}/ws/sessions/{sid}/?token={token}"))
     finally:
         server.kill()
 
 
-async def drive(api: httpx.AsyncClient, server: DaphneProcess, token: str) -> None:
+class CommunicatorSocket:
+    """The websockets-client surface drive() uses, over an in-process
+    WebsocketCommunicator (embedded mode has no server process)."""
+
+    def __init__(self, path: str) -> None:
+        self.comm = WebsocketCommunicator(application, path)
+
+    async def __aenter__(self) -> CommunicatorSocket:
+        connected, _ = await self.comm.connect(timeout=10)
+        assert connected
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.comm.disconnect(timeout=5)
+
+    async def send(self, text: str) -> None:
+        await self.comm.send_to(text_data=text)
+
+    def __aiter__(self) -> CommunicatorSocket:
+        return self
+
+    async def __anext__(self) -> str:
+        output = await self.comm.receive_output(timeout=600)
+        if output["type"] == "websocket.close":
+            raise StopAsyncIteration
+        return str(output["text"])
+
+
+@pytest.mark.embedded
+@pytest.mark.django_db(transaction=True)
+async def test_the_same_program_in_embedded_mode(fake_llm, owner, settings):
+    """SQLite, the in-memory channel layer and the in-process worker: the
+    interface behaves the same when Terret runs as one process."""
+    settings.TERRET_WORKER = "inprocess"
+    fake_llm.responder = model
+    token = await db(token_for)(owner)
+    transport = httpx.ASGITransport(app=application)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost/api", headers=headers) as api:
+        await drive(api, lambda sid: CommunicatorSocket(f"/ws/sessions/{sid}/?token={token}"))
+
+
+async def drive(api: httpx.AsyncClient, open_socket: Any) -> None:
     profiles = (await api.get("/profiles")).json()["profiles"]
     assert "demo" in [p["name"] for p in profiles]
     created = await api.post("/sessions", json={"profile": "demo"})
     assert created.status_code == 201
     sid = created.json()["id"]
 
-    async with connect(f"{server.ws}/ws/sessions/{sid}/?token={token}") as ws:
+    async with open_socket(sid) as ws:
         watch = Watcher(ws)
         await watch.wait(lambda f: f["type"] == "synced")
         for n, role in enumerate(("main", "titler", "compactor")):

@@ -153,9 +153,7 @@ def test_bad_redis_url_scheme(tmp_path: Path) -> None:
 
 def test_celery_worker_needs_redis(tmp_path: Path) -> None:
     refused(tmp_path, "TERRET_WORKER=celery needs REDIS_URL", SECRET_KEY="k" * 50, TERRET_WORKER="celery")
-    refused(
-        tmp_path, "TERRET_WORKER=celery needs REDIS_URL", SECRET_KEY="k" * 50, TERRET_WORKER="celery", REDIS_URL=""
-    )
+    refused(tmp_path, "TERRET_WORKER=celery needs REDIS_URL", SECRET_KEY="k" * 50, TERRET_WORKER="celery", REDIS_URL="")
 
 
 def test_unknown_worker_mode(tmp_path: Path) -> None:

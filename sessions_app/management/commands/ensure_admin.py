@@ -25,7 +25,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         username = options["username"] or os.environ.get("TERRET_ADMIN_USER", "").strip() or "admin"
-        User = get_user_model()  # noqa: N806
+        User = get_user_model()
         with transaction.atomic():
             if User.objects.filter(username=username).exists():
                 self.stdout.write(f"Admin user {username!r} exists; leaving it as it is.")
