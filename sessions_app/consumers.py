@@ -173,10 +173,16 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
         self.sid = access["session"]
         feed.frame_cache().watch(self.sid)
-        # Subscribe before reading the head: every event committed after this
-        # line gets a hint, and everything before it is in the first read.
-        await feed.hub().subscribe(self.sid, self)
-        last_seq = await _in_thread(ops.head, feed.READ_POOL)(self.sid)
+        try:
+            # Subscribe before reading the head: every event committed after
+            # this line gets a hint, and everything before it is in the first read.
+            await feed.hub().subscribe(self.sid, self)
+            last_seq = await _in_thread(ops.head, feed.READ_POOL)(self.sid)
+        except Exception:
+            logger.exception("session socket for %s could not start", self.sid)
+            await self.disconnect(1011)
+            await self.close(code=1011)  # the client reconnects with ?after=
+            return
         hello = {
             "type": "hello",
             "session": str(self.sid),

@@ -158,6 +158,7 @@ class _Watch:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     channel: str | None = None
     task: asyncio.Task[None] | None = None
+    failed: bool = False
 
 
 class Hub:
@@ -181,12 +182,23 @@ class Hub:
         if watch is not None:
             watch.subscribers.add(subscriber)
             await watch.ready.wait()
+            if watch.failed:
+                watch.subscribers.discard(subscriber)
+                raise RuntimeError(f"could not subscribe to hints for session {session_id}")
             return
         watch = self._watches[session_id] = _Watch({subscriber})
-        layer = get_channel_layer()
-        assert layer is not None
-        watch.channel = await layer.new_channel()
-        await layer.group_add(hints.group_name(session_id), watch.channel)
+        try:
+            layer = get_channel_layer()
+            assert layer is not None
+            watch.channel = await layer.new_channel()
+            await layer.group_add(hints.group_name(session_id), watch.channel)
+        except BaseException:
+            # Never leave a half-made watch behind: later sockets would wait on it.
+            if self._watches.get(session_id) is watch:
+                del self._watches[session_id]
+            watch.failed = True
+            watch.ready.set()
+            raise
         watch.task = asyncio.create_task(self._listen(session_id, watch))
         watch.ready.set()
         if not watch.subscribers:  # every subscriber left while we were joining

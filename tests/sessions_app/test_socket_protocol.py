@@ -17,6 +17,7 @@ from django.urls import re_path
 
 from sessions_app import consumers, hints, log
 from sessions_app.api import auth as tokens
+from sessions_app.api import feed
 from sessions_app.consumers import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
 from sessions_app.models import ApiToken
 from sessions_app.ws_auth import SocketAuthStack
@@ -390,3 +391,43 @@ async def test_hello_is_json_only_and_frames_are_text(world):
     assert output["type"] == "websocket.send" and output.get("bytes") is None
     assert json.loads(output["text"])["type"] == "hello"
     await comm.disconnect()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.hints: list[int] = []
+        self.deltas: list[str] = []
+        self.got_delta = asyncio.Event()
+
+    def on_hint(self, seq: int) -> None:
+        self.hints.append(seq)
+
+    def on_delta(self, frame: str) -> None:
+        self.deltas.append(frame)
+        self.got_delta.set()
+
+
+async def test_the_hub_fans_one_subscription_out_and_survives_a_failed_join(monkeypatch):
+    layer, hub, sid = get_channel_layer(), feed.Hub(), uuid.uuid4()
+    real_group_add = layer.group_add
+
+    async def redis_down(group, channel):
+        raise ConnectionError("redis is down")
+
+    monkeypatch.setattr(layer, "group_add", redis_down)
+    with pytest.raises(ConnectionError):
+        await hub.subscribe(sid, Recorder())
+    monkeypatch.setattr(layer, "group_add", real_group_add)
+    first, second = Recorder(), Recorder()
+    await asyncio.wait_for(hub.subscribe(sid, first), 5)  # nothing half-made is left to wait on
+    await hub.subscribe(sid, second)
+    await layer.group_send(hints.group_name(sid), {"type": "log.hint", "seq": 5})
+    await layer.group_send(hints.group_name(sid), {"type": "log.delta", "step": 2, "text": "hi"})
+    async with asyncio.timeout(5):
+        await first.got_delta.wait()
+        await second.got_delta.wait()
+    assert first.hints == second.hints == [5]
+    assert json.loads(first.deltas[0]) == {"type": "delta", "step": 2, "text": "hi"}
+    await hub.unsubscribe(sid, first)
+    await hub.unsubscribe(sid, second)
+    assert not hub._watches
