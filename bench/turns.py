@@ -48,9 +48,7 @@ def raw_append_latency(url: str, n: int = 400) -> float:
             t0 = time.perf_counter()
             with conn.transaction():
                 seq = conn.execute("SELECT seq FROM raw_head WHERE id = 1 FOR UPDATE").fetchone()[0] + 1  # type: ignore[index]
-                conn.execute(
-                    "INSERT INTO raw_log VALUES (1, %s, 'tool/result', %s, now())", [seq, '{"content": "ok"}']
-                )
+                conn.execute("INSERT INTO raw_log VALUES (1, %s, 'tool/result', %s, now())", [seq, '{"content": "ok"}'])
                 conn.execute("UPDATE raw_head SET seq = %s WHERE id = 1", [seq])
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
@@ -178,7 +176,9 @@ def case_b(turns: int, workers: int, concurrency: int, latency: float) -> tuple[
         ids = [s.id for s in sessions]
         t0 = time.perf_counter()
         threads = [
-            threading.Thread(target=lambda chunk: [services.inject(i, "go", wake=True) for i in chunk], args=(ids[k::8],))
+            threading.Thread(
+                target=lambda chunk: [services.inject(i, "go", wake=True) for i in chunk], args=(ids[k::8],)
+            )
             for k in range(8)
         ]
         for t in threads:
@@ -236,7 +236,10 @@ def main() -> None:
         raw = raw_append_latency(url)
         median, best = case_a(args.turns_a)
         print(f"(a) raw append (lock+insert+commit): {raw:.2f} ms")
-        print(f"(a) runtime per step (25-step turns, instant model, no-op tool): median {median:.2f} ms, best {best:.2f} ms")
+        print(
+            f"(a) runtime per step (25-step turns, instant model, no-op tool): "
+            f"median {median:.2f} ms, best {best:.2f} ms"
+        )
         print(f"(a) step / raw append: {median / raw:.2f} (target <= 6)")
     if args.only in (None, "b"):
         purge()

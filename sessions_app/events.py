@@ -220,7 +220,9 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "The verdict for a parked call.",
-            lambda d: [("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", [])],
+            lambda d: [
+                ("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", [])
+            ],
         ),
         Kind(
             "session/titled",
@@ -269,7 +271,9 @@ def validate(kind: str, data: object) -> Kind:
         raise UnknownEventKind(f"unknown event kind {kind!r}")
     if not isinstance(data, dict):
         raise InvalidPayload(f"{kind}: payload must be a JSON object")
-    errors = [f"{'/'.join(map(str, e.instance_path)) or '(root)'}: {e.message}" for e in spec.validator.iter_errors(data)]
+    errors = [
+        f"{'/'.join(map(str, e.instance_path)) or '(root)'}: {e.message}" for e in spec.validator.iter_errors(data)
+    ]
     if errors:
         raise InvalidPayload(f"{kind}: " + "; ".join(errors))
     return spec

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -223,10 +223,27 @@ _EVENT = "sessions_app_event"
 
 def _prepare(kind: str, data: dict[str, Any]) -> tuple[catalogue.Kind, str]:
     spec = catalogue.validate(kind, data)
-    return spec, json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    if "\\u0000" in payload and _has_nul(data):
+        # jsonb (and so the log on Postgres) cannot hold NUL; refuse on every
+        # backend so both behave the same.
+        raise InvalidPayload(f"{kind}: strings must not contain NUL characters")
+    return spec, payload
 
 
-def _set_clause(spec: catalogue.Kind, data: dict[str, Any], now: datetime, fence: Fence | None) -> tuple[str, list[Any]]:
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _set_clause(
+    spec: catalogue.Kind, data: dict[str, Any], now: datetime, fence: Fence | None
+) -> tuple[str, list[Any]]:
     parts = ["last_seq = last_seq + 1", "last_event_at = %s"]
     params: list[Any] = [now]
     if spec.project is not None:
@@ -319,7 +336,7 @@ def _sqlite_param(value: Any) -> Any:
     return value
 
 
-def _raise_missing(session_id: uuid.UUID, fence: Fence | None) -> None:
+def _raise_missing(session_id: uuid.UUID, fence: Fence | None) -> NoReturn:
     from sessions_app.models import Session
 
     current = Session.objects.filter(id=session_id).values_list("lease_gen", flat=True).first()
@@ -398,7 +415,9 @@ def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterat
         raise
 
 
-def append(session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fence: Fence | None = None) -> AppendedEvent:
+def append(
+    session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fence: Fence | None = None
+) -> AppendedEvent:
     """Append one event. Raises UnknownEventKind/InvalidPayload (nothing is
     written), SessionNotFound, or LeaseLost for a superseded fence."""
     sid = uuid.UUID(str(session_id))

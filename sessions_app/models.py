@@ -167,6 +167,9 @@ class InputReceipt(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["session", "key"], name="receipt_session_key_uniq")]
 
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.key} → {self.disposition}"
+
 
 class UsageDay(models.Model):
     """Usage per agent profile per UTC day, kept by the append transaction of
@@ -183,6 +186,9 @@ class UsageDay(models.Model):
     class Meta:
         ordering = ["-day"]
         constraints = [models.UniqueConstraint(fields=["day", "profile"], name="usageday_day_profile_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.profile_id}"
 
 
 class ApiToken(models.Model):

@@ -30,7 +30,11 @@ def agent_for_session(session_id: uuid.UUID | str) -> Agent | None:
 
 def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
     """The open turn: its turn/start and everything after it."""
-    rows = Event.objects.filter(session_id=session_id, seq__gte=turn_seq).order_by("seq").values_list("seq", "kind", "data")
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gte=turn_seq)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+    )
     return [LoggedEvent(s, k, d) for s, k, d in rows]
 
 
@@ -55,14 +59,23 @@ def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int) -> list[LoggedEv
 
 
 def latest_of_kind(session_id: uuid.UUID | str, kind: str) -> LoggedEvent | None:
-    row = Event.objects.filter(session_id=session_id, kind=kind).order_by("-seq").values_list("seq", "kind", "data").first()
+    row = (
+        Event.objects.filter(session_id=session_id, kind=kind)
+        .order_by("-seq")
+        .values_list("seq", "kind", "data")
+        .first()
+    )
     return LoggedEvent(*row) if row else None
 
 
 def model_overrides(session_id: uuid.UUID | str) -> dict[str, str]:
     """The latest model/updated spec per role."""
     out: dict[str, str] = {}
-    rows = Event.objects.filter(session_id=session_id, kind="model/updated").order_by("-seq").values_list("data", flat=True)
+    rows = (
+        Event.objects.filter(session_id=session_id, kind="model/updated")
+        .order_by("-seq")
+        .values_list("data", flat=True)
+    )
     for data in rows[:100]:
         out.setdefault(data["role"], data["spec"])
     return out

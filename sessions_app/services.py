@@ -101,6 +101,8 @@ def resumable(session_id: uuid.UUID | str) -> bool:
 def _check_text(text: Any) -> str:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("text must be a non-empty string")
+    if "\x00" in text:
+        raise InvalidInput("text must not contain NUL characters")
     if len(text) > MAX_INPUT_CHARS:
         raise InvalidInput(f"text is longer than {MAX_INPUT_CHARS} characters")
     return text

@@ -29,6 +29,6 @@ application = ProtocolTypeRouter(
 from django.conf import settings  # noqa: E402
 
 if settings.TERRET_WORKER == "inprocess":
-    from sessions_app.runtime import inprocess  # noqa: E402
+    from sessions_app.runtime import inprocess
 
     inprocess.start_sweeper()

@@ -203,5 +203,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO") or "INFO"},
-    "loggers": {"django.db.backends": {"level": "INFO"}, "httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
 }

@@ -107,3 +107,10 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Any:
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests run last: Playwright's sync API keeps an event loop
+    running in the main thread while its browser is open, and pytest-asyncio
+    tests cannot start their own loop after that."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

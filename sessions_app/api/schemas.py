@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessions_app.events import MODEL_ROLES
 from sessions_app.services import MAX_INPUT_CHARS
@@ -32,8 +32,27 @@ Pattern = Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]
 Seq = Annotated[int, Field(ge=1)]
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 class In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        # PostgreSQL cannot store NUL in text or jsonb: refuse it up front
+        # with a 4xx instead of failing deep inside a query.
+        if _has_nul(data):
+            raise ValueError("strings must not contain NUL (\\u0000) characters")
+        return data
 
 
 # ---------------------------------------------------------------- HTTP inputs

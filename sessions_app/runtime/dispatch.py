@@ -21,7 +21,7 @@ def wake(session_id: uuid.UUID | str) -> None:
     if settings.TERRET_WORKER == "celery":
         from sessions_app.tasks import drive_session
 
-        drive_session.delay_on_commit(sid)
+        drive_session.delay_on_commit(sid)  # type: ignore[attr-defined]  # DjangoTask; celery-types lacks it
     else:
         from sessions_app.runtime import inprocess
 

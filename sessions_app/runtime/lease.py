@@ -53,7 +53,9 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     me = owner_id()
     now = timezone.now()
     with transaction.atomic():
-        row = Session.objects.select_for_update().filter(id=session_id).values("lease_owner", "lease_expires_at").first()
+        row = (
+            Session.objects.select_for_update().filter(id=session_id).values("lease_owner", "lease_expires_at").first()
+        )
         if row is None:
             raise SessionNotFound(f"no session {session_id}")
         held = row["lease_owner"] and row["lease_expires_at"] is not None and row["lease_expires_at"] > now
