@@ -185,14 +185,38 @@ def case_b(turns: int, workers: int, concurrency: int, latency: float) -> tuple[
             t.start()
         for t in threads:
             t.join()
+        t_admitted = time.perf_counter()
         t_end = wait_turn_ends(ids)
         wall = t_end - t0
+        _timeline(ids, t_admitted - t0)
         ideal = 2 * latency
         return wall, ideal
     finally:
         for p in procs:
             kill(p)
         fake.terminate()
+
+
+def _timeline(ids: list[Any], admit: float) -> None:
+    """Where the wall time of case (b) went, from the log's own timestamps."""
+    from django.db.models import Max, Min
+
+    from sessions_app.models import Event
+
+    def span(kind: str, **extra: Any) -> tuple[Any, Any]:
+        agg = Event.objects.filter(session_id__in=ids, kind=kind, **extra).aggregate(a=Min("created_at"), b=Max("created_at"))
+        return agg["a"], agg["b"]
+
+    t0, _ = span("turn/start")
+    for label, kind, extra in [
+        ("turn/start", "turn/start", {}),
+        ("step 1 start", "step/start", {"data__step": 1}),
+        ("step 2 start", "step/start", {"data__step": 2}),
+        ("turn/end", "turn/end", {}),
+    ]:
+        a, b = span(kind, **extra)
+        print(f"    {label:>13}: first +{(a - t0).total_seconds():.2f}s  last +{(b - t0).total_seconds():.2f}s")
+    print(f"    admission of all turns took {admit:.2f}s")
 
 
 def case_c() -> float:

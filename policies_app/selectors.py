@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from policies_app.patterns import allowed, pattern_error
 from sessions_app.models import AgentProfile, Event, Session
@@ -107,7 +107,14 @@ def current_policy(session_id: uuid.UUID | str, profile: AgentProfile | None = N
 
 
 def _current(sid: uuid.UUID, profile: AgentProfile | None) -> ActivePolicy:
-    row = Session.objects.filter(id=sid).values("policy_seq", "profile_id").first()
+    # Raw and by primary key: this runs before every tool call of every turn.
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT policy_seq, profile_id FROM {Session._meta.db_table} WHERE id = %s",
+            [sid if connection.vendor == "postgresql" else uuid.UUID(str(sid)).hex],
+        )
+        found = cur.fetchone()
+    row = {"policy_seq": found[0], "profile_id": found[1]} if found else None
     if row is None:
         logger.warning("policy of unknown session %s requested; denying every tool", sid)
         return CLOSED

@@ -204,6 +204,7 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "Durably queued input; it rides the next step as context/injected (or opens the next turn).",
+            lambda d: [("last_input_seq = NEW_SEQ", [])],
         ),
         Kind(
             "approval/requested",

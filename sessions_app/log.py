@@ -141,6 +141,12 @@ class _Dispatcher:
         with self._lock:
             self._inflight[session_id] += 1
 
+    def end_many(self, session_id: uuid.UUID, events: list[AppendedEvent]) -> None:
+        with self._lock:
+            for event in events[:-1]:
+                self._ready[session_id][event.seq] = event
+        self.end(session_id, events[-1] if events else None)
+
     def end(self, session_id: uuid.UUID, event: AppendedEvent | None) -> None:
         """The in-flight autocommit append finished: committed as `event`, or
         failed (None)."""
@@ -455,3 +461,128 @@ def _append_autocommit(sid: uuid.UUID, kind: str, data: dict[str, Any], fence: F
 
     hints.publish_event(event.session_id, event.seq)
     return event
+
+
+def append_many(
+    session_id: uuid.UUID | str, items: list[tuple[str, dict[str, Any]]], *, fence: Fence | None = None
+) -> list[AppendedEvent]:
+    """Append several events atomically, in order, on consecutive seqs.
+
+    On PostgreSQL, outside a transaction, this is one autocommit statement:
+    one round trip and one commit for the lot (the turn loop batches what it
+    appends between two external effects). Elsewhere, or when two of the
+    events would update the same projection column, the events are inserted
+    one by one inside a single transaction."""
+    sid = uuid.UUID(str(session_id))
+    if not items:
+        return []
+    for kind, data in items:
+        catalogue.validate(kind, data)
+    if len(items) == 1:
+        return [append(sid, items[0][0], items[0][1], fence=fence)]
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        statement = _batch_statement(sid, items, fence)
+        if statement is not None:
+            return _append_batch_autocommit(sid, items, statement, fence)
+    return _append_batch_atomic(sid, items, fence)
+
+
+def _append_batch_atomic(
+    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None
+) -> list[AppendedEvent]:
+    track = not connection.in_atomic_block
+    events: list[AppendedEvent] = []
+    try:
+        with transaction.atomic():
+            for kind, data in items:
+                event = _insert(sid, kind, data, fence)
+                if track:
+                    dispatcher.reserve(sid, event.seq)
+                events.append(event)
+                transaction.on_commit(lambda e=event: _after_commit(e), robust=True)  # type: ignore[misc]
+    except BaseException:
+        if track:
+            dispatcher.release(sid, [e.seq for e in events])
+        raise
+    return events
+
+
+def _batch_statement(
+    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None
+) -> tuple[str, list[Any], list[str], datetime] | None:
+    """The single UPDATE-then-INSERT statement for a batch, or None when the
+    events' projections collide (Postgres refuses two assignments to one
+    column, and two upserts of one row, in a single statement)."""
+    now = timezone.now()
+    n = len(items)
+    parts = [f"last_seq = last_seq + {n}", "last_event_at = %s"]
+    params: list[Any] = [now]
+    columns: set[str] = set()
+    extras: list[catalogue.Assignment] = []
+    payloads: list[str] = []
+    for i, (kind, data) in enumerate(items, start=1):
+        spec, payload = _prepare(kind, data)
+        payloads.append(payload)
+        for sql, p in spec.project(data) if spec.project is not None else []:
+            column = sql.split("=", 1)[0].strip()
+            if column in columns:
+                return None
+            columns.add(column)
+            parts.append(sql.replace("NEW_SEQ", f"last_seq + {i}"))
+            params.extend(p)
+        if spec.extra is not None:
+            if extras:
+                return None
+            extras = spec.extra(data)  # noqa: S610
+    if fence is not None:
+        parts.append("lease_expires_at = %s")
+        params.append(now + timedelta(seconds=fence.ttl))
+    where = "id = %s"
+    params.append(sid)
+    if fence is not None:
+        where += " AND lease_gen = %s"
+        params.append(fence.gen)
+    returning, ctes, extra_params = _extra_ctes(extras, now)
+    params.extend(extra_params)
+    values = ", ".join("(%s::int, %s::text, %s::text)" for _ in items)
+    for i, ((kind, _), payload) in enumerate(zip(items, payloads, strict=True), start=1):
+        params.extend([i, kind, payload])
+    params.extend([sid, now])
+    sql = (
+        f"WITH s AS (UPDATE {_SESSION} SET {', '.join(parts)} WHERE {where} RETURNING last_seq{returning}){ctes} "
+        f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) "
+        f"SELECT %s, s.last_seq - {n} + v.i, v.kind, v.data::jsonb, %s FROM s, (VALUES {values}) AS v(i, kind, data) "
+        "RETURNING seq"
+    )
+    # The VALUES params come before the SELECT-list params in the text.
+    head = params[: len(params) - 2 - 3 * n]
+    tail_values = params[len(params) - 2 - 3 * n : len(params) - 2]
+    select_params = params[len(params) - 2 :]
+    return sql, [*head, *select_params, *tail_values], payloads, now
+
+
+def _append_batch_autocommit(
+    sid: uuid.UUID,
+    items: list[tuple[str, dict[str, Any]]],
+    statement: tuple[str, list[Any], list[str], datetime],
+    fence: Fence | None,
+) -> list[AppendedEvent]:
+    import psycopg
+
+    sql, params, _, now = statement
+    events: list[AppendedEvent] = []
+    dispatcher.begin(sid)
+    try:
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cur:  # type: ignore[arg-type]
+            cur.execute(sql, params)  # type: ignore[arg-type]
+            seqs = sorted(int(row[0]) for row in cur.fetchall())
+        if not seqs:
+            _raise_missing(sid, fence)
+        events = [AppendedEvent(sid, seq, kind, data, now) for seq, (kind, data) in zip(seqs, items, strict=True)]
+    finally:
+        dispatcher.end_many(sid, events)
+    from sessions_app import hints
+
+    hints.publish_event(sid, events[-1].seq)
+    return events

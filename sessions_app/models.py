@@ -68,6 +68,9 @@ class Session(models.Model):
     compacted_seq = models.BigIntegerField(null=True, blank=True)
     policy_seq = models.BigIntegerField(null=True, blank=True)
     inbox_seq = models.BigIntegerField(default=0)
+    # Seq of the newest input/queued: input is pending iff it is > inbox_seq,
+    # which lets a worker tell "nothing queued" without reading the log.
+    last_input_seq = models.BigIntegerField(default=0)
     steps = models.BigIntegerField(default=0)
     unpriced_entries = models.BigIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)

@@ -116,7 +116,8 @@ else:
         # One pool per process shared by all threads: a threads-pool Celery
         # worker runs hundreds of turns but holds a connection only while it
         # touches the log, never across a model call.
-        _db["OPTIONS"] = {"pool": {"min_size": 1, "max_size": _pool_max, "timeout": 30}}
+        _pool_min = min(env_int("TERRET_DB_POOL_MIN", 4, minimum=0), _pool_max)
+        _db["OPTIONS"] = {"pool": {"min_size": _pool_min, "max_size": _pool_max, "timeout": 30}}
         _db["CONN_MAX_AGE"] = 0
     _test_name = env_str("TERRET_TEST_DB_NAME")
     if _test_name:

@@ -17,11 +17,11 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
 from django.utils import timezone
 
 from sessions_app.log import Fence, SessionNotFound
@@ -29,9 +29,25 @@ from sessions_app.models import Session
 
 log = logging.getLogger(__name__)
 
+_SESSION = Session._meta.db_table
+
 
 def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a claim or a release saw of the session, under its row lock."""
+
+    open_turn_seq: int | None
+    pending_approvals: int
+    inbox_seq: int
+    last_input_seq: int
+
+    @property
+    def input_pending(self) -> bool:
+        return self.last_input_seq > self.inbox_seq
 
 
 @dataclass
@@ -40,6 +56,7 @@ class Lease:
     owner: str
     gen: int
     ttl: float
+    head: Head
     lost: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -47,35 +64,65 @@ class Lease:
         return Fence(self.gen, self.ttl)
 
 
+_HEAD = "open_turn_seq, pending_approvals, inbox_seq, last_input_seq"
+
+
+def _params(*values: Any) -> list[Any]:
+    """Adapt for the backend: SQLite keeps UUIDs as hex text and needs
+    Django's datetime adaptation; psycopg takes both natively."""
+    if connection.vendor == "postgresql":
+        return list(values)
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, uuid.UUID):
+            out.append(v.hex)
+        elif isinstance(v, datetime):
+            out.append(connection.ops.adapt_datetimefield_value(v))
+        else:
+            out.append(v)
+    return out
+
+
 def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     """Take the session's lease if it is free or expired; None if someone holds it."""
     ttl = settings.TERRET_LEASE_SECONDS if ttl is None else ttl
     me = owner_id()
     now = timezone.now()
-    with transaction.atomic():
-        row = (
-            Session.objects.select_for_update().filter(id=session_id).values("lease_owner", "lease_expires_at").first()
+    # One conditional UPDATE (one round trip, autocommitted): its row lock
+    # makes the test and the generation bump atomic, so two claimers cannot
+    # both win, and it returns the state the new owner starts from.
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {_SESSION} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s "
+            "WHERE id = %s AND (lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s) "
+            f"RETURNING lease_gen, {_HEAD}",
+            _params(me, now + timedelta(seconds=ttl), session_id, now),
         )
-        if row is None:
+        row = cur.fetchone()
+    if row is None:
+        if not Session.objects.filter(id=session_id).exists():
             raise SessionNotFound(f"no session {session_id}")
-        held = row["lease_owner"] and row["lease_expires_at"] is not None and row["lease_expires_at"] > now
-        if held:
-            return None
-        Session.objects.filter(id=session_id).update(
-            lease_gen=F("lease_gen") + 1, lease_owner=me, lease_expires_at=now + timedelta(seconds=ttl)
-        )
-        gen = Session.objects.filter(id=session_id).values_list("lease_gen", flat=True).get()
-    lease = Lease(session_id, me, gen, ttl)
+        return None
+    lease = Lease(session_id, me, int(row[0]), ttl, Head(row[1], row[2], row[3], row[4]))
     keeper.hold(lease)
     return lease
 
 
-def release(lease: Lease, *, retry_after: float | None = None) -> None:
-    """Give the lease up. With retry_after, the sweep leaves the session alone
-    for that long (a failed resume backs off); a new stimulus may still claim it."""
+def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
+    """Give the lease up; returns the session's head as it was left, or None
+    when the lease had already been taken over. With retry_after, the sweep
+    leaves the session alone for that long (a failed resume backs off); a new
+    stimulus may still claim it."""
     keeper.drop(lease)
     expires = timezone.now() + timedelta(seconds=retry_after) if retry_after else None
-    Session.objects.filter(id=lease.session_id, lease_gen=lease.gen).update(lease_owner="", lease_expires_at=expires)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {_SESSION} SET lease_owner = '', lease_expires_at = %s WHERE id = %s AND lease_gen = %s "
+            f"RETURNING {_HEAD}",
+            _params(expires, lease.session_id, lease.gen),
+        )
+        row = cur.fetchone()
+    return Head(row[0], row[1], row[2], row[3]) if row else None
 
 
 def renew(lease: Lease) -> bool:

@@ -24,18 +24,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 
 from approvals_app import gate
 from sessions_app import hints, log
 from sessions_app.events import MODEL_VISIBLE
 from sessions_app.llm.types import ModelError, ModelReply, ToolCall
 from sessions_app.log import AppendedEvent, LeaseLost
-from sessions_app.models import AgentProfile, Session
-from sessions_app.projection import derive_messages, render
+from sessions_app.models import AgentProfile, Event
+from sessions_app.projection import latest_compaction, render
 from sessions_app.runtime import hooks
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.models import resolve_spec
-from sessions_app.selectors import LoggedEvent, agent_for_session, events_since, pending_inputs, turn_events
+from sessions_app.selectors import LoggedEvent, agent_for_session, events_since, pending_inputs
 from sessions_app.tools.base import Definition, ToolContext
 
 logger = logging.getLogger(__name__)
@@ -51,49 +52,49 @@ def drive(session_id: uuid.UUID | str) -> str:
     sid = uuid.UUID(str(session_id))
     outcome = "idle"
     # Re-check after releasing: a wake-up that arrived while we held the lease
-    # found it busy and left, so its work is ours to notice.
+    # found it busy and left, so its work is ours to notice. "parked" is not
+    # final for the same reason: a verdict may have landed meanwhile.
     for _ in range(100):
         lease = leases.claim(sid)
         if lease is None:
             return "busy"
-        retry_after: float | None = None
+        head: leases.Head | None = None
         try:
             outcome = _drive_with_lease(sid, lease)
         except LeaseLost:
             outcome = "lost"
         finally:
-            if outcome == "resume_failed":
-                retry_after = RESUME_BACKOFF_SECONDS
-            leases.release(lease, retry_after=retry_after)
-        # "parked" is not final: a verdict committed while we still held the
-        # lease found it busy, so has_work (pending_approvals == 0) re-checks.
-        if outcome in ("lost", "resume_failed", "no_agent") or not has_work(sid):
+            retry_after = RESUME_BACKOFF_SECONDS if outcome == "resume_failed" else None
+            head = leases.release(lease, retry_after=retry_after)
+        if outcome in ("lost", "resume_failed", "no_agent") or head is None or not has_work(sid, head):
             return outcome
     return outcome
 
 
-def has_work(session_id: uuid.UUID) -> bool:
-    row = Session.objects.filter(id=session_id).values("open_turn_seq", "pending_approvals", "inbox_seq").first()
-    if row is None:
+def has_work(session_id: uuid.UUID, head: leases.Head) -> bool:
+    if head.open_turn_seq is not None:
+        return head.pending_approvals == 0
+    if not head.input_pending:
         return False
-    if row["open_turn_seq"] is not None:
-        return bool(row["pending_approvals"] == 0)
-    return any(item.data.get("wake") for item in pending_inputs(session_id, row["inbox_seq"]))
+    return any(item.data.get("wake") for item in pending_inputs(session_id, head.inbox_seq))
 
 
 def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> str:
     agent = agent_for_session(sid)
     if agent is None:
         return "no_agent"
-    with log.locked(sid, fence=lease.fence) as tx:
-        if tx.row["open_turn_seq"] is None:
+    turn_seq = lease.head.open_turn_seq
+    if turn_seq is None:
+        if not lease.head.input_pending:
+            return "idle"
+        with log.locked(sid, fence=lease.fence) as tx:
             pending = pending_inputs(sid, tx.row["inbox_seq"])
             if not any(item.data.get("wake") for item in pending):
                 return "idle"
             from sessions_app.services import _open_turn
 
-            _open_turn(tx, None, "")
-    return TurnRunner(sid, agent.profile, lease).run()
+            turn_seq = _open_turn(tx, None, "")
+    return TurnRunner(sid, agent.profile, lease).run(turn_seq)
 
 
 @dataclass
@@ -157,10 +158,18 @@ class TurnState:
 
 
 class TurnRunner:
-    """Runs one open turn. It reads the turn once and then only what is new
-    (one bounded query per step), and keeps the model's message list in
-    memory, extending it with each new model-visible event; compaction cannot
-    interleave because it declines while a turn is open."""
+    """Runs one open turn.
+
+    It reads the turn once, then keeps the turn's events and the model's
+    message list in memory. What the turn appends is buffered and committed
+    in one statement right before the next external effect (model call, tool
+    run, parking, returning), so a step costs two commits: a crash loses only
+    what was produced since the last external effect, which resume redoes
+    (the same at-least-once window a crash before any append has). Foreign
+    events (a cancel, queued input, a model change) are noticed when a batch's
+    first seq is not the one after what this runner last saw; only then is
+    the log re-read. Compaction cannot interleave: it declines while a turn
+    is open."""
 
     def __init__(self, session_id: uuid.UUID, profile: AgentProfile, lease: leases.Lease) -> None:
         from sessions_app.tools.registry import registry_for_profile
@@ -173,25 +182,29 @@ class TurnRunner:
         self.seen = 0
         self.messages: list[dict[str, Any]] = []
         self.spec = ""
+        self.buffer: list[tuple[str, dict[str, Any]]] = []
 
     # -- plumbing
 
-    def append(self, kind: str, data: dict[str, Any]) -> AppendedEvent:
-        return log.append(self.sid, kind, data, fence=self.lease.fence)
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        self.buffer.append((kind, data))
 
-    def load(self) -> bool:
-        turn_seq = Session.objects.filter(id=self.sid).values_list("open_turn_seq", flat=True).get()
-        if turn_seq is None:
-            return False
-        self.events = turn_events(self.sid, turn_seq)
-        self.seen = self.events[-1].seq if self.events else turn_seq
-        self.messages = derive_messages(self.sid, until_seq=self.seen)
-        self.spec = resolve_spec("main", self.profile, self.sid) or ""
-        return True
+    def flush(self) -> list[AppendedEvent]:
+        """Commit the buffer; catch up with foreign events if there were any."""
+        if not self.buffer:
+            return []
+        batch, self.buffer = self.buffer, []
+        appended = log.append_many(self.sid, batch, fence=self.lease.fence)
+        if appended[0].seq == self.seen + 1:
+            self.observe([LoggedEvent(e.seq, e.kind, e.data) for e in appended])
+        else:
+            self.observe(events_since(self.sid, self.seen))
+        return appended
 
-    def state(self) -> TurnState:
-        """Catch up with everything committed since the last look."""
-        new = events_since(self.sid, self.seen)
+    def refresh(self) -> None:
+        self.observe(events_since(self.sid, self.seen))
+
+    def observe(self, new: list[LoggedEvent]) -> None:
         for e in new:
             if e.kind in MODEL_VISIBLE and e.kind != "session/compacted":
                 self.messages.append(render(e.kind, e.data))
@@ -200,18 +213,44 @@ class TurnRunner:
         self.events.extend(new)
         if new:
             self.seen = new[-1].seq
-        return TurnState.parse(self.events)
+
+    def load(self, turn_seq: int) -> None:
+        """The open turn and the model's view in two indexed reads: the latest
+        compaction, then everything after it that is model-visible or in the turn."""
+        compaction = latest_compaction(self.sid)
+        after = compaction[0] if compaction else 0
+        rows = (
+            Event.objects.filter(session_id=self.sid, seq__gt=after)
+            .filter(Q(seq__gte=turn_seq) | Q(kind__in=MODEL_VISIBLE))
+            .order_by("seq")
+            .values_list("seq", "kind", "data")
+        )
+        self.messages = [render("session/compacted", compaction[1])] if compaction else []
+        self.events = []
+        for seq, kind, data in rows:
+            if kind in MODEL_VISIBLE and kind != "session/compacted":
+                self.messages.append(render(kind, data))
+            if seq >= turn_seq:
+                self.events.append(LoggedEvent(seq, kind, data))
+        self.seen = self.events[-1].seq if self.events else turn_seq
+        self.spec = resolve_spec("main", self.profile, self.sid) or ""
+
+    def state(self) -> TurnState:
+        """The turn as this runner knows it, buffered appends included (with
+        provisional seqs after what it has seen)."""
+        pending = [LoggedEvent(self.seen + i, k, d) for i, (k, d) in enumerate(self.buffer, start=1)]
+        return TurnState.parse(self.events + pending)
 
     def end(self, status: str, error: str = "") -> str:
-        self.append("turn/end", {"status": status, "error": error} if error else {"status": status})
+        self.emit("turn/end", {"status": status, "error": error} if error else {"status": status})
+        self.flush()
         return "ended"
 
     # -- the turn
 
-    def run(self) -> str:
-        if not self.load():
-            return "idle"
-        st = TurnState.parse(self.events)
+    def run(self, turn_seq: int) -> str:
+        self.load(turn_seq)
+        st = self.state()
         resuming = st.max_step > 0
         if st.cancel_requested:
             return self.close_cancelled(st)
@@ -233,11 +272,12 @@ class TurnRunner:
             if step > MAX_STEPS:
                 return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
             if st.inbox_pending:
+                self.flush()
                 self.drain_inbox()
                 st = self.state()
             if st.max_step == 0 and not st.has_input:
                 return self.end("empty")
-            outcome = self.step(step, resuming, st)
+            outcome = self.step(step, resuming)
             if outcome is not None:
                 return outcome
 
@@ -253,7 +293,7 @@ class TurnRunner:
         end: dict[str, Any] = {"step": st.open_step}
         if message.data.get("usage"):
             end["usage"] = message.data["usage"]
-        self.append("step/end", end)
+        self.emit("step/end", end)
         return None
 
     def drain_inbox(self) -> None:
@@ -261,10 +301,18 @@ class TurnRunner:
         with log.locked(self.sid, fence=self.lease.fence) as tx:
             for item in pending_inputs(self.sid, tx.row["inbox_seq"]):
                 tx.append("context/injected", {"text": item.data["text"], "source_seq": item.seq})
+        self.refresh()
 
-    def step(self, step: int, resuming: bool, st: TurnState) -> str | None:
+    def step(self, step: int, resuming: bool) -> str | None:
         spec = self.spec
-        self.append("step/start", {"step": step, "model": spec})
+        self.emit("step/start", {"step": step, "model": spec})
+        self.flush()  # with the previous step's tail: one commit before the model call
+        st = self.state()
+        if st.cancel_requested:
+            return self.close_cancelled(st)
+        if st.inbox_pending:
+            self.drain_inbox()
+            st = self.state()
         messages = [{"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}, *self.messages]
         try:
             reply = self.call_model(spec, messages, step)
@@ -275,18 +323,20 @@ class TurnRunner:
                 logger.warning("resume of %s failed: %s", self.sid, exc)
                 return "resume_failed"
             return self.end("failed", f"model call failed: {exc}")
-        appended = self.append("assistant/message", _assistant_payload(reply))
-        message = LoggedEvent(appended.seq, appended.kind, appended.data)
-        # `st` predates this message, which is right: its calls have no
-        # results or verdicts yet, and earlier verdicts of the turn are in it.
-        if reply.tool_calls and self.execute_calls(message, st) == "parked":
-            return "parked"
+        self.emit("assistant/message", _assistant_payload(reply))
         end: dict[str, Any] = {"step": step}
         if reply.usage is not None:
             end["usage"] = reply.usage.as_json()
-        self.append("step/end", end)
         if not reply.tool_calls:
+            self.emit("step/end", end)
             return self.end("completed")
+        (appended,) = self.flush()[-1:]
+        message = LoggedEvent(appended.seq, appended.kind, appended.data)
+        # `st` predates this message, which is right: its calls have no
+        # results or verdicts yet, and earlier verdicts of the turn are in it.
+        if self.execute_calls(message, st) == "parked":
+            return "parked"
+        self.emit("step/end", end)
         return None
 
     def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
@@ -308,6 +358,8 @@ class TurnRunner:
         for call in st.owed_calls(message):
             if self.run_call(call, st, message.seq) == "parked":
                 parked = True
+        if parked:
+            self.flush()
         return "parked" if parked else "done"
 
     def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> str:
@@ -326,9 +378,11 @@ class TurnRunner:
         # Verdicts bind to this call: same id, tool and args, asked after its message.
         decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
         if decision.action == "ask":
+            self.flush()  # the request's row-lock check must see everything before it
             if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
                 # Cancelled meanwhile: asking now would leave a request no one denies.
                 return self.result(call, "cancelled: the turn was cancelled", True)
+            self.refresh()
             return "parked"
         if decision.action == "park":
             return "parked"
@@ -339,13 +393,14 @@ class TurnRunner:
     def execute(self, defn: Definition, call: ToolCall) -> str:
         from sessions_app.tools.executor import execute
 
+        self.flush()  # earlier results are durable before this tool runs
         workspace = settings.TERRET_WORKSPACE_ROOT / self.sid.hex
         connection.close()  # tools may be slow; hold no connection meanwhile
         outcome = execute(defn, ToolContext(self.sid, call.id, workspace), call.arguments)
         return self.result(call, outcome.content, outcome.is_error)
 
     def result(self, call: ToolCall, content: str, is_error: bool) -> str:
-        self.append("tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
+        self.emit("tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
         return "done"
 
     # -- cancel
@@ -360,7 +415,7 @@ class TurnRunner:
         if st.open_step is not None:
             message = st.assistant_in_open_step()
             usage = message.data.get("usage") if message else None
-            self.append("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step})
+            self.emit("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step})
         return self.end("cancelled")
 
 
