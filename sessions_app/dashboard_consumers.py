@@ -1,6 +1,6 @@
 """The dashboard's live socket: /ws/dashboard/.
 
-It joins hints.DASHBOARD_GROUP, where every commit sends {"session", "seq"}.
+It joins hints.DASHBOARD_GROUP, where each burst of commits sends {"sessions": [ids]}.
 Hints carry no data: for a burst of them (coalesced over COALESCE_SECONDS) it
 sends one small htmx out-of-band element whose `load` trigger makes the page
 GET the dashboard body again through the permission-checked view.
@@ -104,8 +104,10 @@ class DashboardConsumer(AsyncWebsocketConsumer):
 
     async def log_hint(self, message: dict[str, Any]) -> None:
         """Group handler: note the session; one refetch per burst."""
-        if len(self.hinted) < MAX_TRACKED:
-            self.hinted.add(str(message.get("session", "")))
+        for sid in message.get("sessions") or [message.get("session", "")]:
+            if len(self.hinted) >= MAX_TRACKED:
+                break
+            self.hinted.add(str(sid))
         if self.flush is None or self.flush.done():
             self.flush = asyncio.create_task(self._send_hint())
 

@@ -82,9 +82,14 @@ class _Publisher:
         for sid, seq in pending.items():
             try:
                 await layer.group_send(group_name(sid), {"type": "log.hint", "seq": seq})
-                await layer.group_send(DASHBOARD_GROUP, {"type": "log.hint", "session": str(sid), "seq": seq})
             except Exception:  # a lost hint is allowed; readers catch up by seq
                 log.warning("hint for session %s seq %s was not sent", sid, seq, exc_info=True)
+        if pending:
+            # One dashboard hint per flush, naming every session that moved.
+            try:
+                await layer.group_send(DASHBOARD_GROUP, {"type": "log.hint", "sessions": [str(s) for s in pending]})
+            except Exception:
+                log.warning("dashboard hint was not sent", exc_info=True)
 
     def message(self, group: str, message: dict[str, Any]) -> None:
         loop = self._target_loop()

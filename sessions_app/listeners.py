@@ -1,22 +1,18 @@
-"""Session-event listeners registered at startup (see SessionsAppConfig.ready).
+"""Post-turn work: titling and the compaction trigger.
 
-turn/end -> post-turn work (titling, the compaction trigger). Listeners run in
-the appending thread (often a turn worker), so the listener only hands the
-session id to a worker: a Celery task (`terret.post_turn`) when
-TERRET_WORKER=celery, the in-process pool when inprocess, nothing when manual
-(tests drive that work themselves). post_turn() reads everything it needs
-from the log and is safe to run twice, so a lost or duplicated hand-off costs
-at most a late title or one more compaction check at the next turn/end.
+Only the turn runner appends turn/end, so the worker that drove a turn runs
+post_turn() itself right after releasing the session's lease (runtime.loop.
+drive; not in manual mode, where tests call it themselves). That costs no
+second task and no listener. post_turn() reads everything it needs from the
+log and is safe to run twice, so a worker dying before it runs costs at most
+a late title (the next turn/end titles the session) or a compaction that the
+next overweight turn retries.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-
-from django.conf import settings
-
-from sessions_app.log import AppendedEvent, on_event
 
 logger = logging.getLogger(__name__)
 
@@ -37,21 +33,3 @@ def post_turn(session_id: uuid.UUID | str) -> None:
         compaction.maybe_compact(session_id)
     except Exception:
         logger.exception("the compaction trigger failed for %s", session_id)
-
-
-def dispatch_post_turn(session_id: uuid.UUID | str) -> None:
-    """Hand post_turn to a worker; never runs it in the calling thread."""
-    sid = str(session_id)
-    if settings.TERRET_WORKER == "celery":
-        from sessions_app.tasks import post_turn_task
-
-        post_turn_task.delay(sid)
-    elif settings.TERRET_WORKER == "inprocess":
-        from sessions_app.runtime import inprocess
-
-        inprocess.submit_call(post_turn, sid)
-
-
-@on_event("turn/end")
-def _after_turn(event: AppendedEvent) -> None:
-    dispatch_post_turn(event.session_id)

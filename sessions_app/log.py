@@ -380,6 +380,7 @@ _LOCK_COLUMNS = (
     "compacted_seq",
     "policy_seq",
     "inbox_seq",
+    "last_input_seq",
     "title",
     "lease_owner",
     "lease_gen",

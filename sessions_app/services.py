@@ -112,7 +112,11 @@ def _open_turn(tx: log.SessionTx, text: str | None, by: str) -> int:
     """turn/start, then whatever input was queued, then the new text.
     Queued input goes first so the projection keeps arrival order."""
     start = tx.append("turn/start", {"by": by} if by else {})
-    for item in pending_inputs(tx.session_id, tx.row["inbox_seq"]):
+    # The inbox cursor says whether anything is queued, without a read.
+    queued = (
+        pending_inputs(tx.session_id, tx.row["inbox_seq"]) if tx.row["last_input_seq"] > tx.row["inbox_seq"] else []
+    )
+    for item in queued:
         kind = "user/message" if text is None and item.data.get("wake") else "context/injected"
         tx.append(kind, {"text": item.data["text"], "source_seq": item.seq})
         if kind == "user/message":

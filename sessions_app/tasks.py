@@ -24,17 +24,6 @@ def drive_session(session_id: str) -> str:
         connection.close()  # hand the pooled connection back between tasks
 
 
-@shared_task(name="terret.post_turn", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def post_turn_task(session_id: str) -> None:
-    """Titling and the compaction trigger after a turn/end (safe to run twice)."""
-    from sessions_app.listeners import post_turn
-
-    try:
-        post_turn(session_id)
-    finally:
-        connection.close()
-
-
 @shared_task(name="terret.sweep", ignore_result=True)
 def sweep_sessions() -> int:
     from sessions_app.runtime.sweep import sweep
@@ -57,9 +46,30 @@ def _sweep_loop() -> None:
         stop.wait(settings.TERRET_SWEEP_SECONDS)
 
 
+def warm_up() -> None:
+    """Import what the first turn would otherwise import under its feet (the
+    MCP SDK and its pydantic models take about half a second), so a burst of
+    turns on a fresh worker does not queue behind the import lock."""
+    import importlib
+
+    for module in (
+        "sessions_app.runtime.loop",
+        "sessions_app.tools.registry",
+        "sessions_app.tools.executor",
+        "sessions_app.tools.mcp",
+        "sessions_app.llm.registry",
+        "sessions_app.llm.openai",
+        "sessions_app.compaction",
+        "sessions_app.titling",
+        "policies_app.allowlist",
+    ):
+        importlib.import_module(module)
+
+
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     # Every worker sweeps at start (recovering turns a dead worker left) and
     # then periodically; concurrent sweeps are harmless because drives are
     # serialized by the session lease.
+    warm_up()
     threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()

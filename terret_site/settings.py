@@ -139,10 +139,13 @@ if TERRET_WORKER == "celery" and not REDIS_URL:
 
 CHANNEL_PREFIX = env_str("TERRET_CHANNEL_PREFIX", "terret") or "terret"
 if REDIS_URL:
+    # Redis pub/sub: a group send is one PUBLISH, and each process subscribes
+    # once per group and fans out in memory. Delivery is at-most-once, which
+    # is all a hint or a token delta needs: readers catch up from the log.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX, "capacity": 1000, "expiry": 30},
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX},
         }
     }
 else:

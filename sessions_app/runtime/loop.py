@@ -51,13 +51,34 @@ def drive(session_id: uuid.UUID | str) -> str:
     busy, idle, ended, parked, lost, resume_failed or no_agent."""
     sid = uuid.UUID(str(session_id))
     outcome = "idle"
+    ended = False
+    try:
+        outcome, ended = _drive(sid)
+    finally:
+        if ended and settings.TERRET_WORKER != "manual":
+            _post_turn(sid)
+    return outcome
+
+
+def _post_turn(sid: uuid.UUID) -> None:
+    from sessions_app.listeners import post_turn
+
+    try:
+        post_turn(sid)
+    except Exception:
+        logger.exception("post-turn work for %s failed", sid)
+
+
+def _drive(sid: uuid.UUID) -> tuple[str, bool]:
+    outcome = "idle"
+    ended = False
     # Re-check after releasing: a wake-up that arrived while we held the lease
     # found it busy and left, so its work is ours to notice. "parked" is not
     # final for the same reason: a verdict may have landed meanwhile.
     for _ in range(100):
         lease = leases.claim(sid)
         if lease is None:
-            return "busy"
+            return "busy", ended
         head: leases.Head | None = None
         try:
             outcome = _drive_with_lease(sid, lease)
@@ -66,9 +87,10 @@ def drive(session_id: uuid.UUID | str) -> str:
         finally:
             retry_after = RESUME_BACKOFF_SECONDS if outcome == "resume_failed" else None
             head = leases.release(lease, retry_after=retry_after)
+        ended = ended or outcome == "ended"
         if outcome in ("lost", "resume_failed", "no_agent") or head is None or not has_work(sid, head):
-            return outcome
-    return outcome
+            return outcome, ended
+    return outcome, ended
 
 
 def has_work(session_id: uuid.UUID, head: leases.Head) -> bool:
