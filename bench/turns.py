@@ -329,9 +329,7 @@ def main() -> None:
         print(f"(a) step, 25-step turns through a worker (instant model, no-op tool): median {median:.2f} ms")
         print(f"(a) the model call alone (same adapter and server, no runtime): median {model:.2f} ms")
         print(f"(a) runtime overhead per step (step - model call): {overhead:.2f} ms")
-        print(
-            f"(a) overhead / raw append: {overhead / raw:.2f} (target <= 6); step / raw append: {median / raw:.2f}"
-        )
+        print(f"(a) overhead / raw append: {overhead / raw:.2f} (target <= 6); step / raw append: {median / raw:.2f}")
     if args.only in (None, "b"):
         purge()
         for admit_first, label in ((False, "end to end, admission included"), (True, "worker host, from wake-up")):

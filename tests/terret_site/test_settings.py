@@ -94,7 +94,7 @@ def test_redis_url_switches_to_channels_redis_and_celery(tmp_path: Path) -> None
         TERRET_CHANNEL_PREFIX="p1",
         TERRET_QUEUE="q1",
     )
-    assert got["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert got["layer"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
     assert got["layer_prefix"] == "p1"
     assert got["worker"] == "celery"
     assert got["broker"] == "redis://127.0.0.1:6379/5"
@@ -104,7 +104,7 @@ def test_redis_url_switches_to_channels_redis_and_celery(tmp_path: Path) -> None
 def test_redis_with_in_process_worker_is_allowed(tmp_path: Path) -> None:
     got = ok(tmp_path, SECRET_KEY="k" * 50, REDIS_URL="redis://127.0.0.1:6379/5", TERRET_WORKER="inprocess")
     assert got["worker"] == "inprocess"
-    assert got["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert got["layer"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
 
 
 def test_postgres_url_uses_a_connection_pool(tmp_path: Path) -> None:
