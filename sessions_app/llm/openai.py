@@ -365,9 +365,12 @@ class OpenAIAdapter:
 
     def _consume(self, response: httpx.Response, request: _Request, state: _StreamState) -> ModelReply:
         try:
-            for data in iter_sse_data(response.iter_lines()):
+            lines = response.iter_lines()
+            for data in iter_sse_data(lines):
                 if data.strip() == "[DONE]":
-                    return state.reply(request.known)
+                    reply = state.reply(request.known)
+                    _drain(lines)
+                    return reply
                 self._feed_event(data, state)
         except httpx.TimeoutException as err:
             raise _Transient(f"stream torn: no data within the read timeout ({type(err).__name__})") from err
@@ -395,3 +398,14 @@ class OpenAIAdapter:
             base = float(getattr(settings, "TERRET_LLM_BACKOFF_BASE", BACKOFF_BASE_SECONDS))
         # Full jitter keeps a burst of 200 throttled streams from retrying in lockstep.
         return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_SECONDS, base * 2**attempt)
+
+
+def _drain(lines: Iterator[str]) -> None:
+    """Read what follows [DONE] (the end of the chunked body), so the
+    connection goes back to the pool instead of being closed: a new TCP
+    connection per model call costs more CPU than the call's own parsing."""
+    try:
+        for _ in lines:
+            pass
+    except httpx.HTTPError:
+        pass  # the reply is complete; a connection that cannot be reused is just closed

@@ -272,6 +272,7 @@ class FakeLLM:
         self._requests: list[dict[str, Any]] = []
         self._headers: list[dict[str, str]] = []
         self._connections: set[socket.socket] = set()
+        self.connections_opened = 0  # TCP connections accepted so far (keep-alive reuse shows here)
         self._stopped = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -334,6 +335,7 @@ class FakeLLM:
         with self._lock:
             if add:
                 self._connections.add(conn)
+                self.connections_opened += 1
             else:
                 self._connections.discard(conn)
 

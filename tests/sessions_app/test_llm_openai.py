@@ -405,3 +405,13 @@ def test_registry_picks_singleton_adapters() -> None:
     assert not isinstance(get_adapter("demo/offline"), OpenAIAdapter)
     with pytest.raises(ModelNotConfigured):
         get_adapter("")
+
+
+def test_sequential_calls_reuse_one_connection(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+    """The body after [DONE] is drained, so the pooled connection is reused
+    instead of a new TCP connection per model call."""
+    llm.script(Reply(text="one"), Reply(tool_calls=[("clock.now", {})]), Reply(text="three"))
+    for _ in range(3):
+        adapter.complete("m", [{"role": "user", "content": "hi"}], [tool("clock.now")])
+    assert len(llm.requests) == 3
+    assert llm.connections_opened == 1
