@@ -52,7 +52,7 @@ class _Publisher:
         self._server_loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[uuid.UUID, int] = {}
         self._messages: list[tuple[str, dict[str, Any]]] = []
-        self._scheduled = False
+        self._scheduled_on: asyncio.AbstractEventLoop | None = None
         self._redis: redis.Redis | None = None
 
     def register_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -73,10 +73,12 @@ class _Publisher:
             return self._loop
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Caller holds the lock."""
-        if self._scheduled:
+        """Caller holds the lock. A flush scheduled on a loop that has since
+        closed (an ASGI server's, or a test's) never runs: schedule anew."""
+        scheduled = self._scheduled_on
+        if scheduled is loop and not loop.is_closed():
             return
-        self._scheduled = True
+        self._scheduled_on = loop
         loop.call_soon_threadsafe(lambda: loop.call_later(self.WINDOW, lambda: asyncio.ensure_future(self._flush())))
 
     def event(self, session_id: uuid.UUID, seq: int) -> None:
@@ -110,7 +112,7 @@ class _Publisher:
         with self._lock:
             pending, self._pending = self._pending, {}
             messages, self._messages = self._messages, []
-            self._scheduled = False
+            self._scheduled_on = None
         layer = get_channel_layer()
         if layer is None:
             return
