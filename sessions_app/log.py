@@ -230,20 +230,22 @@ _EVENT = "sessions_app_event"
 def _prepare(kind: str, data: dict[str, Any]) -> tuple[catalogue.Kind, str]:
     spec = catalogue.validate(kind, data)
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    if "\\u0000" in payload and _has_nul(data):
+    if "\\u0000" in payload and has_nul(data):
         # jsonb (and so the log on Postgres) cannot hold NUL; refuse on every
         # backend so both behave the same.
         raise InvalidPayload(f"{kind}: strings must not contain NUL characters")
     return spec, payload
 
 
-def _has_nul(value: Any) -> bool:
+def has_nul(value: Any) -> bool:
+    """Whether a JSON-like value holds a NUL character anywhere (Postgres
+    text and jsonb cannot store one)."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(has_nul(v) for v in value)
     return False
 
 

@@ -13,6 +13,7 @@ from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessions_app.events import MODEL_ROLES
+from sessions_app.log import has_nul
 from sessions_app.services import MAX_INPUT_CHARS
 
 MAX_KEY_CHARS = 200
@@ -32,16 +33,6 @@ Pattern = Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]
 Seq = Annotated[int, Field(ge=1)]
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
 class In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -50,7 +41,7 @@ class In(BaseModel):
     def _no_nul(cls, data: Any) -> Any:
         # PostgreSQL cannot store NUL in text or jsonb: refuse it up front
         # with a 4xx instead of failing deep inside a query.
-        if _has_nul(data):
+        if has_nul(data):
             raise ValueError("strings must not contain NUL (\\u0000) characters")
         return data
 

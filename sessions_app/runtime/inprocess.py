@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
@@ -49,20 +48,6 @@ def _run(session_id: str) -> None:
         drive(session_id)
     except Exception:
         log.exception("in-process drive of %s failed", session_id)
-    finally:
-        connection.close()
-
-
-def submit_call(fn: Callable[..., object], *args: object) -> None:
-    """Run fn(*args) on the pool (post-turn work: titling, compaction)."""
-    _get_pool().submit(_run_call, fn, args)
-
-
-def _run_call(fn: Callable[..., object], args: tuple[object, ...]) -> None:
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("in-process call %s%r failed", getattr(fn, "__name__", fn), args)
     finally:
         connection.close()
 

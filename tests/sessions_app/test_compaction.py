@@ -307,11 +307,11 @@ def test_trigger_uses_the_last_step_of_the_turn(fake_llm: Any, session: Session,
     assert compaction.over_budget(session.id) is False
 
 
-def test_turn_end_listener_hands_off_to_the_pool(
+def test_post_turn_runs_on_the_in_process_pool(
     fake_llm: Any, session: Session, profile: AgentProfile, settings: Any
 ) -> None:
-    """TERRET_WORKER=inprocess: the turn/end listener submits post_turn to the
-    pool (never inline); titling and compaction happen there."""
+    """TERRET_WORKER=inprocess: the pool thread that drove the turn runs
+    post_turn after releasing the lease; titling and compaction happen there."""
     profile.compaction_budget = 100
     profile.save()
     settings.TERRET_WORKER = "inprocess"
