@@ -55,7 +55,7 @@ def raw_append_latency(url: str, n: int = 400) -> float:
 
 
 def start_worker(name: str, concurrency: int, **env: str) -> subprocess.Popen[bytes]:
-    full = dict(os.environ, TERRET_LEASE_SECONDS="2", TERRET_SWEEP_SECONDS="0.5", **env)
+    full = dict(os.environ, **env)
     log = open(f"/tmp/terret-bench-{name}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "terret_site", "worker", "--pool", "threads",
@@ -84,6 +84,13 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores spent busy so far (Linux /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -215,13 +222,16 @@ def case_b(turns: int, workers: int, concurrency: int, latency: float, admit_fir
                 for i in ids:
                     services.inject(i, "go", wake=True)
             cpu_before = sum(cpu_seconds(p.pid) for p in procs)
+            busy_before = machine_busy()
             t0 = time.perf_counter()
             for i in ids:
                 drive_session.delay(str(i))
             t_end = wait_turn_ends(ids)
             wall = t_end - t0
             worker_cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
+            busy = machine_busy() - busy_before
             print(f"    worker CPU {worker_cpu:.2f}s = {worker_cpu * 1000 / turns:.1f} ms per turn")
+            print(f"    machine busy {busy:.2f} CPU-s of {wall * (os.cpu_count() or 1):.2f} ({os.cpu_count()} cores)")
             _timeline(ids, 0.0)
             return wall, 2 * latency
         t0 = time.perf_counter()
@@ -292,6 +302,8 @@ def case_c() -> float:
     with FakeLLM() as fake:
         fake.script(Reply(text="never ends", hang=True), Reply(text="recovered"))
         env = {"TERRET_LLM_BASE_URL": fake.base_url, "TERRET_LLM_API_KEY": "bench"}
+        # A short lease, so that the dead worker's expires within the run.
+        env.update(TERRET_LEASE_SECONDS="2", TERRET_SWEEP_SECONDS="0.5")
         first = start_worker("c1", 8, **env)
         wait_ready(first)
         (session,) = make_sessions(1, "bench-c", ["debug.noop"])

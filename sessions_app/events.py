@@ -244,6 +244,8 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"role": {"enum": list(MODEL_ROLES)}, "spec": _NONEMPTY, "by": _STR}, ["role", "spec"]),
             False,
             "Repoints a model role for this session, in force at the next step.",
+            # The role is one of MODEL_ROLES (validated above), so the column exists.
+            lambda d: [(f"model_{d['role']} = %s", [d["spec"]])],
         ),
         Kind(
             "agent/spawned",

@@ -264,8 +264,25 @@ def _set_clause(
     return ", ".join(parts), params
 
 
+# Conditions on the session row that a guarded append (append_if) may demand.
+GUARDS: dict[str, str] = {
+    "untitled": "title = ''",
+    # No open turn and nothing queued: a wake may open a turn with its own text only.
+    "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq",
+}
+
+
 def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:
     """Seq assignment + insert + projection update. Caller holds a transaction."""
+    event = _insert_if(session_id, kind, data, fence, None)
+    assert event is not None  # without a guard a missed row raises
+    return event
+
+
+def _insert_if(
+    session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None, guard: str | None
+) -> AppendedEvent | None:
+    """_insert, or None (nothing written) when the row fails `guard`."""
     spec, payload = _prepare(kind, data)
     now = timezone.now()
     set_sql, set_params = _set_clause(spec, data, now, fence)
@@ -280,6 +297,8 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
     if fence is not None:
         where += " AND lease_gen = %s"
         where_params.append(fence.gen)
+    if guard is not None:
+        where += f" AND {GUARDS[guard]}"
     if pg:
         # One round trip: the UPDATE takes the row lock and yields the seq;
         # a kind's extra writes ride along as data-modifying CTEs.
@@ -308,8 +327,19 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
                         [row[0], row[1], now.date().isoformat(), *params],
                     )
     if row is None:
+        if guard is not None and _guard_failed(session_id, fence):
+            return None
         _raise_missing(session_id, fence)
     return AppendedEvent(session_id, int(row[0]), kind, data, now)
+
+
+def _guard_failed(session_id: uuid.UUID, fence: Fence | None) -> bool:
+    """A guarded UPDATE matched nothing: was it the guard (not a missing
+    session or a lost lease)?"""
+    from sessions_app.models import Session
+
+    current = Session.objects.filter(id=session_id).values_list("lease_gen", flat=True).first()
+    return current is not None and (fence is None or current == fence.gen)
 
 
 def _pg_execute(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
@@ -448,6 +478,48 @@ def append(
     return event
 
 
+def append_if(
+    session_id: uuid.UUID | str,
+    kind: str,
+    data: dict[str, Any],
+    *,
+    guard: str,
+    fence: Fence | None = None,
+) -> AppendedEvent | None:
+    """Append one event only while the session row meets `guard` (a key of
+    GUARDS), decided by the append's own row lock: a check-then-act in one
+    statement. Returns None, having written nothing, when the guard fails."""
+    sid = uuid.UUID(str(session_id))
+    if guard not in GUARDS:
+        raise ValueError(f"unknown append guard {guard!r}")
+    catalogue.validate(kind, data)
+    track = not connection.in_atomic_block
+    event: AppendedEvent | None = None
+    if connection.vendor == "postgresql" and track:
+        dispatcher.begin(sid)
+        try:
+            event = _insert_if(sid, kind, data, fence, guard)
+        finally:
+            dispatcher.end(sid, event)
+        if event is not None:
+            from sessions_app import hints
+
+            hints.publish_event(sid, event.seq)
+        return event
+    try:
+        with transaction.atomic():
+            event = _insert_if(sid, kind, data, fence, guard)
+            if event is not None:
+                if track:
+                    dispatcher.reserve(sid, event.seq)
+                transaction.on_commit(lambda e=event: _after_commit(e), robust=True)  # type: ignore[misc]
+    except BaseException:
+        if track and event is not None:
+            dispatcher.release(sid, [event.seq])
+        raise
+    return event
+
+
 def _append_autocommit(sid: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:
     """Postgres fast path: the UPDATE-then-INSERT statement is its own
     transaction (one round trip, committed when it returns). There is no
@@ -467,7 +539,11 @@ def _append_autocommit(sid: uuid.UUID, kind: str, data: dict[str, Any], fence: F
 
 
 def append_many(
-    session_id: uuid.UUID | str, items: list[tuple[str, dict[str, Any]]], *, fence: Fence | None = None
+    session_id: uuid.UUID | str,
+    items: list[tuple[str, dict[str, Any]]],
+    *,
+    fence: Fence | None = None,
+    guard: str | None = None,
 ) -> list[AppendedEvent]:
     """Append several events atomically, in order, on consecutive seqs.
 
@@ -475,30 +551,38 @@ def append_many(
     one round trip and one commit for the lot (the turn loop batches what it
     appends between two external effects). Elsewhere, or when two of the
     events would update the same projection column, the events are inserted
-    one by one inside a single transaction."""
+    one by one inside a single transaction. With `guard` (a key of GUARDS)
+    the batch is written only if the session row meets it, decided under the
+    append's own row lock; an empty list means it did not, and nothing was
+    written."""
     sid = uuid.UUID(str(session_id))
     if not items:
         return []
+    if guard is not None and guard not in GUARDS:
+        raise ValueError(f"unknown append guard {guard!r}")
     for kind, data in items:
         catalogue.validate(kind, data)
-    if len(items) == 1:
+    if len(items) == 1 and guard is None:
         return [append(sid, items[0][0], items[0][1], fence=fence)]
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        statement = _batch_statement(sid, items, fence)
+        statement = _batch_statement(sid, items, fence, guard)
         if statement is not None:
-            return _append_batch_autocommit(sid, items, statement, fence)
-    return _append_batch_atomic(sid, items, fence)
+            return _append_batch_autocommit(sid, items, statement, fence, guard)
+    return _append_batch_atomic(sid, items, fence, guard)
 
 
 def _append_batch_atomic(
-    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None
+    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None, guard: str | None = None
 ) -> list[AppendedEvent]:
     track = not connection.in_atomic_block
     events: list[AppendedEvent] = []
     try:
         with transaction.atomic():
-            for kind, data in items:
-                event = _insert(sid, kind, data, fence)
+            for i, (kind, data) in enumerate(items):
+                # The first insert takes the row lock; the guard is decided there.
+                event = _insert_if(sid, kind, data, fence, guard if i == 0 else None)
+                if event is None:
+                    return []
                 if track:
                     dispatcher.reserve(sid, event.seq)
                 events.append(event)
@@ -511,7 +595,7 @@ def _append_batch_atomic(
 
 
 def _batch_statement(
-    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None
+    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None, guard: str | None = None
 ) -> tuple[str, list[Any], list[str], datetime] | None:
     """The single UPDATE-then-INSERT statement for a batch, or None when the
     events' projections collide (Postgres refuses two assignments to one
@@ -545,6 +629,8 @@ def _batch_statement(
     if fence is not None:
         where += " AND lease_gen = %s"
         params.append(fence.gen)
+    if guard is not None:
+        where += f" AND {GUARDS[guard]}"
     returning, ctes, extra_params = _extra_ctes(extras, now)
     params.extend(extra_params)
     values = ", ".join("(%s::int, %s::text, %s::text)" for _ in items)
@@ -569,6 +655,7 @@ def _append_batch_autocommit(
     items: list[tuple[str, dict[str, Any]]],
     statement: tuple[str, list[Any], list[str], datetime],
     fence: Fence | None,
+    guard: str | None = None,
 ) -> list[AppendedEvent]:
     import psycopg
 
@@ -581,6 +668,8 @@ def _append_batch_autocommit(
             cur.execute(sql, params)  # type: ignore[arg-type]
             seqs = sorted(int(row[0]) for row in cur.fetchall())
         if not seqs:
+            if guard is not None and _guard_failed(sid, fence):
+                return []
             _raise_missing(sid, fence)
         events = [AppendedEvent(sid, seq, kind, data, now) for seq, (kind, data) in zip(seqs, items, strict=True)]
     finally:

@@ -71,6 +71,11 @@ class Session(models.Model):
     # Seq of the newest input/queued: input is pending iff it is > inbox_seq,
     # which lets a worker tell "nothing queued" without reading the log.
     last_input_seq = models.BigIntegerField(default=0)
+    # The session's model-role overrides: the spec of its latest
+    # model/updated per role ('' = none; the profile's role applies).
+    model_main = models.TextField(blank=True, default="")
+    model_titler = models.TextField(blank=True, default="")
+    model_compactor = models.TextField(blank=True, default="")
     steps = models.BigIntegerField(default=0)
     unpriced_entries = models.BigIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)

@@ -3,11 +3,15 @@ turn (at most MAX_STEPS steps), by an index range, or by an explicit limit."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.db import connection
+
+from sessions_app.events import MODEL_ROLES, MODEL_VISIBLE
 from sessions_app.models import Agent, Event, Session
 
 EVENT_PAGE_MAX = 1000
@@ -36,6 +40,24 @@ def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]
         .values_list("seq", "kind", "data")
     )
     return [LoggedEvent(s, k, d) for s, k, d in rows]
+
+
+def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+    """What a turn runner loads: from `start` (the latest compaction's seq),
+    every model-visible event, and every event from `turn_seq` on. Raw SQL:
+    it runs once per drive, on the hottest path there is."""
+    pg = connection.vendor == "postgresql"
+    kinds = sorted(MODEL_VISIBLE)
+    marks = ", ".join(["%s"] * len(kinds))
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE session_id = %s AND seq >= %s "
+            f"AND (seq >= %s OR kind IN ({marks})) ORDER BY seq",
+            [session_id if pg else session_id.hex, start, turn_seq, *kinds],
+        )
+        rows = cur.fetchall()
+    # Django loads jsonb as text (the JSONField decodes it); so does SQLite.
+    return [(int(seq), kind, json.loads(data) if isinstance(data, str) else data) for seq, kind, data in rows]
 
 
 def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> list[LoggedEvent]:
@@ -69,16 +91,10 @@ def latest_of_kind(session_id: uuid.UUID | str, kind: str) -> LoggedEvent | None
 
 
 def model_overrides(session_id: uuid.UUID | str) -> dict[str, str]:
-    """The latest model/updated spec per role."""
-    out: dict[str, str] = {}
-    rows = (
-        Event.objects.filter(session_id=session_id, kind="model/updated")
-        .order_by("-seq")
-        .values_list("data", flat=True)
-    )
-    for data in rows[:100]:
-        out.setdefault(data["role"], data["spec"])
-    return out
+    """The latest model/updated spec per role (a projection on the session row)."""
+    columns = [f"model_{role}" for role in MODEL_ROLES]
+    row = Session.objects.filter(id=session_id).values_list(*columns).first()
+    return {role: spec for role, spec in zip(MODEL_ROLES, row or (), strict=False) if spec}
 
 
 def events_after(session_id: uuid.UUID | str, after: int, limit: int = 500) -> list[LoggedEvent]:

@@ -186,6 +186,10 @@ def inject(
     _check_text(text)
     if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 200):
         raise InvalidInput("idempotency key must be 1..200 characters")
+    if wake and idempotency_key is None:
+        receipt = _start_if_idle(session_id, text, by)
+        if receipt is not None:
+            return receipt
     digest = _digest(text, wake)
     with log.locked(session_id) as tx:
         if idempotency_key is not None:
@@ -217,6 +221,23 @@ def inject(
         if wake or receipt.disposition == "started":
             dispatch.wake(tx.session_id)
     return receipt
+
+
+def _start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> Receipt | None:
+    """The common admission, a wake on an idle agent with nothing queued, as
+    one guarded statement: the UPDATE's row lock decides "idle" and writes
+    turn/start + user/message, so no transaction is held open around a
+    separate read. None (nothing written) when the agent is not idle or input
+    is queued; the caller then takes the locked path, which handles both."""
+    items: list[tuple[str, dict[str, Any]]] = [
+        ("turn/start", {"by": by} if by else {}),
+        ("user/message", {"text": text}),
+    ]
+    events = log.append_many(session_id, items, guard="idle_empty_inbox")
+    if not events:
+        return None
+    dispatch.wake(events[0].session_id)
+    return Receipt("started", events[-1].seq, events[0].seq, None)
 
 
 def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:

@@ -36,6 +36,7 @@ def sweep_sessions() -> int:
 
 def _sweep_loop() -> None:
     stop = threading.Event()
+    first = True
     while True:
         try:
             sweep_sessions()
@@ -43,6 +44,14 @@ def _sweep_loop() -> None:
             log.exception("sweep failed")
         finally:
             connection.close()
+        if first:
+            # After the first sweep, not before it: recovering a dead
+            # worker's turns should not wait for imports it may not need.
+            first = False
+            try:
+                warm_up()
+            except Exception:
+                log.exception("warm-up failed; the first turns import what they need themselves")
         stop.wait(settings.TERRET_SWEEP_SECONDS)
 
 
@@ -53,6 +62,10 @@ def warm_up() -> None:
     import importlib
 
     for module in (
+        "httpcore",  # httpx imports its transport only when a client is built
+        "h11",
+        "encodings.idna",  # httpx, for the first URL with a host name
+        "psycopg_pool",  # Django opens its pool on the first query
         "sessions_app.runtime.loop",
         "sessions_app.tools.registry",
         "sessions_app.tools.executor",
@@ -64,6 +77,9 @@ def warm_up() -> None:
         "policies_app.allowlist",
     ):
         importlib.import_module(module)
+    from sessions_app.llm.openai import _tls_context
+
+    _tls_context()  # the CA bundle, loaded once for every thread's client
 
 
 @worker_ready.connect
@@ -71,5 +87,4 @@ def _start_sweeper(**_: Any) -> None:
     # Every worker sweeps at start (recovering turns a dead worker left) and
     # then periodically; concurrent sweeps are harmless because drives are
     # serialized by the session lease.
-    warm_up()
     threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()

@@ -8,8 +8,9 @@ at 80 characters. session/titled is metadata: never model-visible.
 Exactly one, even with concurrent workers or a retried task: the model call
 happens outside any lock, then the decision is check-then-append under the
 session row lock (the `title` projection column is non-empty once a
-session/titled exists). A loser of that race appends no title, but still
-records the titler's usage: the spend happened.
+session/titled exists); without titler usage to record it is one guarded
+append whose UPDATE only matches an untitled row. A loser of that race
+appends no title, but still records the titler's usage: the spend happened.
 
 A session whose first turn carried no user text (an "empty" turn) is titled
 at the first turn/end that follows some user text.
@@ -82,20 +83,30 @@ def _titler_title(spec: str, user_text: str) -> tuple[str, Usage | None]:
     return clean(reply.content), reply.usage
 
 
-def ensure_title(session_id: uuid.UUID | str) -> str | None:
+def ensure_title(
+    session_id: uuid.UUID | str,
+    *,
+    profile: AgentProfile | None = None,
+    user_text: str | None = None,
+    overrides: dict[str, str] | None = None,
+) -> str | None:
     """Title the session if it has no title yet. Returns the title appended by
-    this call, or None (already titled, or no user text yet)."""
+    this call, or None (already titled, or no user text yet). A turn runner
+    passes what it already read (the profile, the first user text, the
+    session's model overrides); anything missing is read from the log."""
     from sessions_app.runtime.models import resolve_spec
 
     sid = uuid.UUID(str(session_id))
-    row = Session.objects.filter(id=sid).values("title", "profile_id").first()
-    if row is None or row["title"]:
-        return None
-    user_text = first_user_text(sid)
+    if profile is None:
+        row = Session.objects.filter(id=sid).values("title", "profile_id").first()
+        if row is None or row["title"]:
+            return None
+        profile = AgentProfile.objects.filter(id=row["profile_id"]).first() if row["profile_id"] else None
     if user_text is None:
-        return None
-    profile = AgentProfile.objects.filter(id=row["profile_id"]).first() if row["profile_id"] else None
-    spec = resolve_spec("titler", profile, sid)
+        user_text = first_user_text(sid)
+        if user_text is None:
+            return None
+    spec = resolve_spec("titler", profile, sid, overrides=overrides)
     title, usage = "", None
     if spec:
         try:
@@ -109,9 +120,12 @@ def ensure_title(session_id: uuid.UUID | str) -> str | None:
 
 
 def _append_title(sid: uuid.UUID, title: str, spec: str | None, usage: Usage | None) -> str | None:
+    if usage is None:
+        # One guarded statement: it appends only while the session is untitled.
+        event = log.append_if(sid, "session/titled", {"title": title}, guard="untitled")
+        return title if event is not None else None
     with log.locked(sid) as tx:
-        if usage is not None:
-            tx.append("usage/recorded", {"purpose": "title", "model": spec or "", "usage": usage.as_json()})
+        tx.append("usage/recorded", {"purpose": "title", "model": spec or "", "usage": usage.as_json()})
         if tx.row["title"]:
             return None  # another worker titled it while we asked the model
         tx.append("session/titled", {"title": title})

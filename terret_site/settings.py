@@ -41,8 +41,11 @@ SECRET_KEY: str = _secret
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# No "daphne" app: it only swaps `runserver` for its own, and the web process
+# runs the daphne command itself (Makefile, Procfile). Installing it would
+# import daphne and Twisted into every process, Celery workers included
+# (a third of a second on each worker's start, which is recovery time).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -88,12 +91,9 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------
 VAR_DIR = Path(env_str("TERRET_VAR_DIR", str(BASE_DIR / "var")) or BASE_DIR / "var")
-_db_url = env_url(
-    "DATABASE_URL",
-    f"sqlite:///{VAR_DIR / 'terret.sqlite3'}",
-    schemes={"sqlite", "postgres", "postgresql", "pgsql"},
-)
-assert _db_url is not None
+_default_db = f"sqlite:///{VAR_DIR / 'terret.sqlite3'}"
+# Empty means the default, as for every other variable here.
+_db_url = env_url("DATABASE_URL", _default_db, schemes={"sqlite", "postgres", "postgresql", "pgsql"}) or _default_db
 _db = dj_database_url.parse(_db_url)
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -154,6 +154,9 @@ else:
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
+# No task stores a result. Without this Celery builds a backend object per
+# pool thread, on that thread's first task; the disabled one holds no state.
+CELERY_RESULT_BACKEND_THREAD_SAFE = True
 # The database is the durable truth; a broker message is only a wake-up. Late
 # acks plus reject-on-worker-lost put a message back if a worker dies with it.
 CELERY_TASK_ACKS_LATE = True

@@ -1,7 +1,8 @@
 """OpenAI-compatible chat completions over SSE (OpenRouter by default).
 
 Runs in Celery worker threads, up to a few hundred concurrent streams per
-process, so every call shares one lazily created, thread-safe httpx.Client.
+process; each thread keeps its own lazily created httpx.Client (see
+shared_client).
 Settings are read at call time, so overrides (tests, `settings` fixture) apply
 to the process-wide adapter singleton too.
 """
@@ -9,12 +10,14 @@ to the process-wide adapter singleton too.
 from __future__ import annotations
 
 import email.utils
+import functools
 import hashlib
 import json
 import logging
 import os
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -251,23 +254,31 @@ def _chunk_error(chunk: dict[str, Any]) -> Exception | None:
     return ModelUnavailable(text)
 
 
-# -- the shared client ------------------------------------------------------
+# -- the per-thread client --------------------------------------------------
 
-_client_lock = threading.Lock()
-_client: httpx.Client | None = None
-_client_pid = 0
+_local = threading.local()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context (CA bundle loaded once) for every thread's client:
+    building one per client costs milliseconds of CPU each."""
+    return httpx.create_ssl_context()
 
 
 def shared_client() -> httpx.Client:
-    """The process-wide client. Recreated after a fork: pooled sockets must
-    never be shared between a prefork parent and its children."""
-    global _client, _client_pid
-    with _client_lock:
-        if _client is None or _client_pid != os.getpid():
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30.0)
-            _client = httpx.Client(limits=limits, follow_redirects=False)
-            _client_pid = os.getpid()
-        return _client
+    """This thread's client (each worker thread runs one stream at a time).
+    One process-wide pool would be thread-safe too, but httpcore picks a
+    connection by scanning every pooled one, checking each idle socket with
+    a syscall: with a few hundred concurrent streams that scan was a visible
+    share of a worker's CPU. Recreated after a fork: pooled sockets must never
+    be shared between a prefork parent and its children."""
+    client: httpx.Client | None = getattr(_local, "client", None)
+    if client is None or getattr(_local, "pid", 0) != os.getpid():
+        limits = httpx.Limits(max_connections=8, max_keepalive_connections=2, keepalive_expiry=30.0)
+        client = httpx.Client(limits=limits, follow_redirects=False, verify=_tls_context())
+        _local.client, _local.pid = client, os.getpid()
+    return client
 
 
 # -- the adapter ------------------------------------------------------------

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,8 +25,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from sessions_app.events import MODEL_ROLES
 from sessions_app.log import Fence, SessionNotFound
-from sessions_app.models import Session
+from sessions_app.models import Agent, AgentProfile, Session
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,19 @@ class Head:
         return self.last_input_seq > self.inbox_seq
 
 
+@dataclass(frozen=True)
+class Driving:
+    """What the new owner needs to drive the session, read by the claim's own
+    statement rather than by one query each: the live agent's profile (None:
+    no live agent), the latest compaction's seq, whether the session has a
+    title, and the session's model-role overrides (model/updated)."""
+
+    profile: AgentProfile | None
+    compacted_seq: int | None
+    titled: bool
+    overrides: dict[str, str]
+
+
 @dataclass
 class Lease:
     session_id: uuid.UUID
@@ -57,7 +72,11 @@ class Lease:
     gen: int
     ttl: float
     head: Head
+    driving: Driving = field(default_factory=lambda: Driving(None, None, False, {}))
     lost: threading.Event = field(default_factory=threading.Event)
+    # When this process last pushed the expiry out (claim, renewal): the
+    # keeper renews only leases that are a third of their ttl old.
+    renewed_at: float = field(default_factory=time.monotonic)
 
     @property
     def fence(self) -> Fence:
@@ -65,6 +84,11 @@ class Lease:
 
 
 _HEAD = "open_turn_seq, pending_approvals, inbox_seq, last_input_seq"
+_DRIVING = "compacted_seq, title, " + ", ".join(f"model_{role}" for role in MODEL_ROLES)
+_AGENT = Agent._meta.db_table
+_PROFILE = AgentProfile._meta.db_table
+_PROFILE_FIELDS = AgentProfile._meta.concrete_fields
+_PROFILE_COLUMNS = ", ".join(f"p.{f.column}" for f in _PROFILE_FIELDS)
 
 
 def _params(*values: Any) -> list[Any]:
@@ -88,24 +112,59 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     ttl = settings.TERRET_LEASE_SECONDS if ttl is None else ttl
     me = owner_id()
     now = timezone.now()
-    # One conditional UPDATE (one round trip, autocommitted): its row lock
-    # makes the test and the generation bump atomic, so two claimers cannot
-    # both win, and it returns the state the new owner starts from.
+    # One conditional UPDATE (autocommitted): its row lock makes the test and
+    # the generation bump atomic, so two claimers cannot both win, and it
+    # returns the state the new owner starts from. On Postgres the agent and
+    # its profile ride along in the same statement.
+    update = (
+        f"UPDATE {_SESSION} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s "
+        "WHERE id = %s AND (lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s) "
+        f"RETURNING id, lease_gen, {_HEAD}, {_DRIVING}"
+    )
+    params = _params(me, now + timedelta(seconds=ttl), session_id, now)
+    width = 6 + 2 + len(MODEL_ROLES)
     with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {_SESSION} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s "
-            "WHERE id = %s AND (lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s) "
-            f"RETURNING lease_gen, {_HEAD}",
-            _params(me, now + timedelta(seconds=ttl), session_id, now),
-        )
-        row = cur.fetchone()
+        if connection.vendor == "postgresql":
+            cur.execute(
+                f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS} FROM c "
+                f"LEFT JOIN {_AGENT} a ON a.session_id = c.id LEFT JOIN {_PROFILE} p ON p.id = a.profile_id",
+                params,
+            )
+            row = cur.fetchone()
+            profile_row = row[width:] if row is not None else None
+        else:
+            cur.execute(update, params)
+            row = cur.fetchone()
+            profile_row = None
+            if row is not None:
+                cur.execute(
+                    f"SELECT {_PROFILE_COLUMNS} FROM {_AGENT} a JOIN {_PROFILE} p ON p.id = a.profile_id "
+                    "WHERE a.session_id = %s",
+                    _params(session_id),
+                )
+                profile_row = cur.fetchone()
     if row is None:
         if not Session.objects.filter(id=session_id).exists():
             raise SessionNotFound(f"no session {session_id}")
         return None
-    lease = Lease(session_id, me, int(row[0]), ttl, Head(row[1], row[2], row[3], row[4]))
+    overrides = {role: spec for role, spec in zip(MODEL_ROLES, row[8:width], strict=True) if spec}
+    driving = Driving(_profile(profile_row), row[6], bool(row[7]), overrides)
+    lease = Lease(session_id, me, int(row[1]), ttl, Head(row[2], row[3], row[4], row[5]), driving)
     keeper.hold(lease)
     return lease
+
+
+def _profile(values: tuple[Any, ...] | None) -> AgentProfile | None:
+    """An AgentProfile from raw columns, converted as the ORM would."""
+    if values is None or values[0] is None:
+        return None
+    converted = []
+    for f, value in zip(_PROFILE_FIELDS, values, strict=True):
+        col = f.get_col(_PROFILE)
+        for convert in [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]:
+            value = convert(value, col, connection)
+        converted.append(value)
+    return AgentProfile.from_db(connection.alias, [f.attname for f in _PROFILE_FIELDS], converted)
 
 
 def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
@@ -126,12 +185,38 @@ def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
 
 
 def renew(lease: Lease) -> bool:
-    n = Session.objects.filter(id=lease.session_id, lease_gen=lease.gen).update(
-        lease_expires_at=timezone.now() + timedelta(seconds=lease.ttl)
-    )
-    if n == 0:
-        lease.lost.set()
-    return n == 1
+    return any(r is lease for r in renew_many([lease]))
+
+
+def renew_many(held: list[Lease]) -> list[Lease]:
+    """Push out the expiry of every lease still ours, in one statement per
+    100; returns those renewed and flags the others lost."""
+    renewed: list[Lease] = []
+    for start in range(0, len(held), 100):
+        chunk = held[start : start + 100]
+        now = timezone.now()
+        expires = max(now + timedelta(seconds=lease.ttl) for lease in chunk)
+        pairs = ", ".join("(%s, %s)" for _ in chunk)
+        params: list[Any] = []
+        for lease in chunk:
+            params.extend(_params(lease.session_id, lease.gen))
+        # A mixed chunk gets its longest ttl: the keeper renews again well
+        # before any of them could lapse.
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE {_SESSION} SET lease_expires_at = %s WHERE (id, lease_gen) IN (VALUES {pairs}) "
+                "RETURNING id, lease_gen",
+                [*_params(expires), *params],
+            )
+            ours = {(uuid.UUID(str(sid)), int(gen)) for sid, gen in cur.fetchall()}
+        at = time.monotonic()
+        for lease in chunk:
+            if (lease.session_id, lease.gen) in ours:
+                lease.renewed_at = at
+                renewed.append(lease)
+            else:
+                lease.lost.set()
+    return renewed
 
 
 class _Keeper:
@@ -140,6 +225,7 @@ class _Keeper:
         self._held: dict[tuple[uuid.UUID, int], Lease] = {}
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._next_at = 0.0  # when the keeper thread means to look next (monotonic)
 
     def hold(self, lease: Lease) -> None:
         with self._lock:
@@ -147,6 +233,10 @@ class _Keeper:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="terret-lease-keeper", daemon=True)
                 self._thread.start()
+            # A lease due before the keeper's next look (a shorter ttl than
+            # any it holds) must not wait for that look.
+            if lease.renewed_at + lease.ttl / 3 < self._next_at:
+                self._wake.set()
 
     def drop(self, lease: Lease) -> None:
         with self._lock:
@@ -156,16 +246,33 @@ class _Keeper:
         while True:
             with self._lock:
                 leases = list(self._held.values())
-                interval = min((lease.ttl for lease in leases), default=settings.TERRET_LEASE_SECONDS) / 3
-            self._wake.wait(max(interval, 0.1))
-            for lease in leases:
-                try:
-                    if not renew(lease):
-                        log.warning("lease on %s (gen %s) was taken over", lease.session_id, lease.gen)
-                        self.drop(lease)
-                except Exception:
-                    log.exception("renewing lease on %s failed", lease.session_id)
+            # An append renews the lease too (it sets the expiry), but the
+            # keeper cannot see those; a lease a third of its ttl old is due.
+            now = time.monotonic()
+            due = [lease for lease in leases if now - lease.renewed_at >= lease.ttl / 3 - 0.05]
+            if due:
+                self._renew(due)
+            with self._lock:
+                self._next_at = min(
+                    (lease.renewed_at + lease.ttl / 3 for lease in self._held.values()),
+                    default=time.monotonic() + settings.TERRET_LEASE_SECONDS / 3,
+                )
+                delay = self._next_at - time.monotonic()
+            self._wake.wait(max(delay, 0.05))
+            self._wake.clear()
+
+    def _renew(self, due: list[Lease]) -> None:
+        try:
+            renewed = {id(lease) for lease in renew_many(due)}
+        except Exception:
+            log.exception("renewing %d leases failed", len(due))
+            return  # not known to be lost; the next look tries again
+        finally:
             connection.close()
+        for lease in due:
+            if id(lease) not in renewed:
+                log.warning("lease on %s (gen %s) was taken over", lease.session_id, lease.gen)
+                self.drop(lease)
 
 
 keeper = _Keeper()

@@ -24,19 +24,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
 
 from approvals_app import gate
 from sessions_app import hints, log
 from sessions_app.events import MODEL_VISIBLE
+from sessions_app.listeners import TurnFacts
 from sessions_app.llm.types import ModelError, ModelReply, ToolCall
 from sessions_app.log import AppendedEvent, LeaseLost
-from sessions_app.models import AgentProfile, Event
-from sessions_app.projection import latest_compaction, render
+from sessions_app.models import AgentProfile
+from sessions_app.projection import render
 from sessions_app.runtime import hooks
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.models import resolve_spec
-from sessions_app.selectors import LoggedEvent, agent_for_session, events_since, pending_inputs
+from sessions_app.selectors import LoggedEvent, events_since, pending_inputs, turn_view
 from sessions_app.tools.base import Definition, ToolContext
 
 logger = logging.getLogger(__name__)
@@ -51,27 +51,27 @@ def drive(session_id: uuid.UUID | str) -> str:
     busy, idle, ended, parked, lost, resume_failed or no_agent."""
     sid = uuid.UUID(str(session_id))
     outcome = "idle"
-    ended = False
+    ended: TurnFacts | None = None
     try:
         outcome, ended = _drive(sid)
     finally:
-        if ended and settings.TERRET_WORKER != "manual":
-            _post_turn(sid)
+        if ended is not None and settings.TERRET_WORKER != "manual":
+            _post_turn(sid, ended)
     return outcome
 
 
-def _post_turn(sid: uuid.UUID) -> None:
+def _post_turn(sid: uuid.UUID, facts: TurnFacts) -> None:
     from sessions_app.listeners import post_turn
 
     try:
-        post_turn(sid)
+        post_turn(sid, facts)
     except Exception:
         logger.exception("post-turn work for %s failed", sid)
 
 
-def _drive(sid: uuid.UUID) -> tuple[str, bool]:
+def _drive(sid: uuid.UUID) -> tuple[str, TurnFacts | None]:
     outcome = "idle"
-    ended = False
+    ended: TurnFacts | None = None
     # Re-check after releasing: a wake-up that arrived while we held the lease
     # found it busy and left, so its work is ours to notice. "parked" is not
     # final for the same reason: a verdict may have landed meanwhile.
@@ -80,14 +80,16 @@ def _drive(sid: uuid.UUID) -> tuple[str, bool]:
         if lease is None:
             return "busy", ended
         head: leases.Head | None = None
+        runner: TurnRunner | None = None
         try:
-            outcome = _drive_with_lease(sid, lease)
+            outcome, runner = _drive_with_lease(sid, lease)
         except LeaseLost:
             outcome = "lost"
         finally:
             retry_after = RESUME_BACKOFF_SECONDS if outcome == "resume_failed" else None
             head = leases.release(lease, retry_after=retry_after)
-        ended = ended or outcome == "ended"
+        if outcome == "ended" and runner is not None:
+            ended = runner.facts()
         if outcome in ("lost", "resume_failed", "no_agent") or head is None or not has_work(sid, head):
             return outcome, ended
     return outcome, ended
@@ -101,22 +103,23 @@ def has_work(session_id: uuid.UUID, head: leases.Head) -> bool:
     return any(item.data.get("wake") for item in pending_inputs(session_id, head.inbox_seq))
 
 
-def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> str:
-    agent = agent_for_session(sid)
-    if agent is None:
-        return "no_agent"
+def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[str, TurnRunner | None]:
+    profile = lease.driving.profile
+    if profile is None:
+        return "no_agent", None
     turn_seq = lease.head.open_turn_seq
     if turn_seq is None:
         if not lease.head.input_pending:
-            return "idle"
+            return "idle", None
         with log.locked(sid, fence=lease.fence) as tx:
             pending = pending_inputs(sid, tx.row["inbox_seq"])
             if not any(item.data.get("wake") for item in pending):
-                return "idle"
+                return "idle", None
             from sessions_app.services import _open_turn
 
             turn_seq = _open_turn(tx, None, "")
-    return TurnRunner(sid, agent.profile, lease).run(turn_seq)
+    runner = TurnRunner(sid, profile, lease)
+    return runner.run(turn_seq), runner
 
 
 @dataclass
@@ -205,6 +208,9 @@ class TurnRunner:
         self.messages: list[dict[str, Any]] = []
         self.spec = ""
         self.buffer: list[tuple[str, dict[str, Any]]] = []
+        # For the post-turn work, so it need not read them back.
+        self.first_user_text: str | None = None
+        self.last_prompt_tokens: int | None = None
 
     # -- plumbing
 
@@ -232,30 +238,45 @@ class TurnRunner:
                 self.messages.append(render(e.kind, e.data))
             elif e.kind == "model/updated" and e.data["role"] == "main":
                 self.spec = e.data["spec"]
+            elif e.kind == "step/end" and e.data.get("usage"):
+                self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
         self.events.extend(new)
         if new:
             self.seen = new[-1].seq
 
     def load(self, turn_seq: int) -> None:
-        """The open turn and the model's view in two indexed reads: the latest
-        compaction, then everything after it that is model-visible or in the turn."""
-        compaction = latest_compaction(self.sid)
-        after = compaction[0] if compaction else 0
-        rows = (
-            Event.objects.filter(session_id=self.sid, seq__gt=after)
-            .filter(Q(seq__gte=turn_seq) | Q(kind__in=MODEL_VISIBLE))
-            .order_by("seq")
-            .values_list("seq", "kind", "data")
-        )
-        self.messages = [render("session/compacted", compaction[1])] if compaction else []
+        """The open turn and the model's view in one indexed read: from the
+        latest compaction (its seq came with the lease), everything that is
+        model-visible or in the turn."""
+        driving = self.lease.driving
+        start = driving.compacted_seq or 0
+        self.messages = []
         self.events = []
-        for seq, kind, data in rows:
-            if kind in MODEL_VISIBLE and kind != "session/compacted":
+        for seq, kind, data in turn_view(self.sid, start, turn_seq):
+            if kind == "session/compacted":
+                # The latest compaction replaces everything before it (one
+                # may have landed between the claim and the turn's start).
+                self.messages = [render(kind, data)]
+            elif kind in MODEL_VISIBLE:
                 self.messages.append(render(kind, data))
+                if start == 0 and self.first_user_text is None and kind in ("user/message", "context/injected"):
+                    self.first_user_text = str(data.get("text") or "").strip() or None
             if seq >= turn_seq:
                 self.events.append(LoggedEvent(seq, kind, data))
         self.seen = self.events[-1].seq if self.events else turn_seq
-        self.spec = resolve_spec("main", self.profile, self.sid) or ""
+        for e in self.events:
+            if e.kind == "step/end" and e.data.get("usage"):
+                self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
+        self.spec = resolve_spec("main", self.profile, overrides=driving.overrides) or ""
+
+    def facts(self) -> TurnFacts:
+        return TurnFacts(
+            profile=self.profile,
+            titled=self.lease.driving.titled,
+            first_user_text=self.first_user_text,
+            last_prompt_tokens=self.last_prompt_tokens,
+            overrides=self.lease.driving.overrides,
+        )
 
     def state(self) -> TurnState:
         """The turn as this runner knows it, buffered appends included (with

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from django.conf import settings
 
@@ -13,14 +14,22 @@ from sessions_app.selectors import model_overrides
 DEFAULT_MAIN_WITH_KEY = "openai/gpt-4o-mini"
 
 
-def resolve_spec(role: str, profile: AgentProfile | None, session_id: uuid.UUID | str | None = None) -> str | None:
+def resolve_spec(
+    role: str,
+    profile: AgentProfile | None,
+    session_id: uuid.UUID | str | None = None,
+    *,
+    overrides: Mapping[str, str] | None = None,
+) -> str | None:
     """Session override (model/updated) > profile role > TERRET_MODEL_<ROLE>.
     With nothing configured, main falls back to the offline demo model when
-    no API key is set; titler and compactor stay unconfigured (None)."""
-    if session_id is not None:
-        spec = model_overrides(session_id).get(role)
-        if spec:
-            return spec
+    no API key is set; titler and compactor stay unconfigured (None). A caller
+    that already read the session's overrides passes them instead of the id."""
+    if overrides is None and session_id is not None:
+        overrides = model_overrides(session_id)
+    spec = (overrides or {}).get(role)
+    if spec:
+        return spec
     if profile is not None:
         spec = (profile.roles or {}).get(role)
         if spec:

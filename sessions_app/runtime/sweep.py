@@ -3,10 +3,19 @@
 An open turn that is not parked on an approval and whose lease has expired
 (its worker died, or its broker message was lost) needs a driver. The sweep
 runs when a worker starts and periodically after that.
+
+A turn that was admitted but never claimed has no lease at all. Its wake-up
+is normally still on its way through the broker, so the sweep treats the
+admission as an implicit lease: such a turn is swept once its last event is
+TERRET_LEASE_SECONDS old. Sweeping it at once would send a second wake-up
+for every turn of a burst that the workers have not reached yet.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -17,9 +26,14 @@ SWEEP_BATCH = 500
 
 def sweep() -> list[str]:
     now = timezone.now()
+    unclaimed_since = now - timedelta(seconds=settings.TERRET_LEASE_SECONDS)
     ids = (
         Session.objects.filter(open_turn_seq__isnull=False, pending_approvals=0)
-        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        .filter(
+            Q(lease_expires_at__lt=now)
+            | Q(lease_expires_at__isnull=True, last_event_at__lt=unclaimed_since)
+            | Q(lease_expires_at__isnull=True, last_event_at__isnull=True)
+        )
         .values_list("id", flat=True)[:SWEEP_BATCH]
     )
     return [str(i) for i in ids]

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, cast, get_args
 
 from sessions_app.llm.types import ToolSpec
 
-from . import mcp
 from .base import Approval, Definition
 from .builtins import BUILTINS
 
@@ -81,6 +80,13 @@ def build_registry(
     out (and logged) and the registry reports itself `degraded`.
     """
     definitions = [_builtin(name) for name in builtin_tools]
+    mcp_servers = list(mcp_servers)
+    if not mcp_servers:
+        return Registry(_override(definitions, approvals or {}), degraded=False)
+    # Imported here: the MCP SDK takes about half a second to import, which
+    # a worker whose agents use only built-in tools should never pay.
+    from . import mcp
+
     configs = [mcp.ServerConfig.parse(raw) for raw in mcp_servers]
     _check_unique([c.name for c in configs])
     degraded = False

@@ -117,6 +117,11 @@ def test_steer_is_shown_queued_until_it_lands(
     box.fill("hello there, please tell me a story")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#streaming")).to_be_visible(timeout=20_000)
+    # The worker can start streaming before the first POST's response swaps the
+    # composer; typing into the old form would be lost to that swap.
+    box = page.get_by_label("Message")
+    expect(box).to_have_value("")
+    expect(page.get_by_role("button", name="Send")).to_be_enabled()
 
     box.fill("and make it short")
     page.get_by_role("button", name="Send").click()

@@ -346,7 +346,7 @@ def test_connection_refused_is_unavailable() -> None:
 # -- concurrency, settings and the registry ---------------------------------
 
 
-def test_many_concurrent_streams_share_one_client(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
+def test_many_concurrent_streams_run_at_once(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
     llm.responder = lambda body: Reply(text=f"reply to {body['messages'][0]['content']}", latency=0.5)
     results: dict[int, str | None] = {}
 
@@ -415,3 +415,16 @@ def test_sequential_calls_reuse_one_connection(llm: FakeLLM, adapter: OpenAIAdap
         adapter.complete("m", [{"role": "user", "content": "hi"}], [tool("clock.now")])
     assert len(llm.requests) == 3
     assert llm.connections_opened == 1
+
+
+def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
+    from sessions_app.llm.openai import _tls_context, shared_client
+
+    mine = shared_client()
+    assert shared_client() is mine  # kept for the thread's next call
+    theirs: list[httpx.Client] = []
+    t = threading.Thread(target=lambda: theirs.append(shared_client()))
+    t.start()
+    t.join()
+    assert theirs[0] is not mine
+    assert _tls_context() is _tls_context()

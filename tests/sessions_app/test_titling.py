@@ -161,3 +161,21 @@ def test_clean() -> None:
     assert titling.clean('  "Title: A neat   title"  ') == "A neat title"
     assert titling.clean("\n\nfirst line\nsecond") == "first line"
     assert titling.clean("x" * 200) == "x" * 80
+
+
+def test_post_turn_with_the_runners_facts(fake_llm: Any, make_user: Any, django_assert_num_queries: Any) -> None:
+    from sessions_app.listeners import TurnFacts
+
+    session = _session(make_user)
+    _first_turn(fake_llm, session, "first message")
+    profile = session.profile
+    assert profile is not None
+    # Titled and under budget: nothing to read, nothing to write.
+    with django_assert_num_queries(0):
+        post_turn(session.id, TurnFacts(profile, titled=True, first_user_text="x", last_prompt_tokens=10))
+    assert titles(session) == []
+    # Untitled: the fallback title comes from the facts' first user text.
+    facts = TurnFacts(profile, titled=False, first_user_text="what the runner saw", last_prompt_tokens=10)
+    post_turn(session.id, facts)
+    post_turn(session.id, facts)  # stale facts (a title landed since): the guard writes nothing
+    assert titles(session) == ["what the runner saw"]

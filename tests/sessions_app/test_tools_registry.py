@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -155,3 +156,17 @@ def test_registry_is_immutable_and_rejects_duplicates():
     with pytest.raises(ValueError, match="duplicate"):
         Registry([BUILTINS["clock.now"], BUILTINS["clock.now"]])
     assert repr(reg) == "Registry(['clock.now'])"
+
+
+def test_a_registry_without_mcp_servers_never_imports_the_sdk() -> None:
+    import subprocess
+
+    code = (
+        "import django, sys; django.setup()\n"
+        "from sessions_app.tools.registry import build_registry\n"
+        "assert build_registry(['clock.now']).names() == ['clock.now']\n"
+        "assert 'mcp' not in sys.modules and 'sessions_app.tools.mcp' not in sys.modules, 'imported'\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "terret_site.settings"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

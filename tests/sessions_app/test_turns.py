@@ -360,3 +360,46 @@ def test_agent_registry_rules(make_user: Any, profile: AgentProfile, settings: A
     services.dispose_agent("alpha")
     assert services.create_session(user, profile).agent.agent_id  # the slot is free again
     assert "agent/disposed" in kinds(s1)
+
+
+def test_waking_with_queued_input_keeps_arrival_order(fake_llm: Any, session: Session) -> None:
+    # Queued input makes the one-statement admission step aside: the locked
+    # path opens the turn with the queued text first, then the new one.
+    queued = services.inject(session.id, "note for later", wake=False)
+    started = services.inject(session.id, "now go", wake=True)
+    assert started.disposition == "started"
+    fake_llm.script(Reply(text="ok"))
+    assert drive(session.id) == "ended"
+    ks = kinds(session)
+    assert ks.count("turn/start") == 1
+    assert events(session, "context/injected") == [{"text": "note for later", "source_seq": queued.seq}]
+    assert ks.index("context/injected") < ks.index("user/message")
+    assert [m.get("content") for m in fake_llm.requests[0]["messages"][-2:]] == ["note for later", "now go"]
+
+
+def test_a_repointed_main_role_is_used_by_the_next_step(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(Reply(text="one"), Reply(text="two"))
+    services.run_turn(session.id, "first")
+    drive(session.id)
+    services.set_model(session.id, "main", "other/model")
+    assert Session.objects.get(id=session.id).model_main == "other/model"
+    services.run_turn(session.id, "second")
+    drive(session.id)
+    assert [e["model"] for e in events(session, "step/start")] == ["test/model", "other/model"]
+    assert [r["model"] for r in fake_llm.requests] == ["test/model", "other/model"]
+
+
+def test_the_runner_hands_post_turn_what_it_knows(fake_llm: Any, session: Session, profile: AgentProfile) -> None:
+    from sessions_app.runtime.loop import _drive
+
+    fake_llm.script(
+        Reply(tool_calls=[("debug.noop", "{}")], usage=(11, 2, 0.0)), Reply(text="done", usage=(42, 3, 0.0))
+    )
+    services.run_turn(session.id, "  count the tokens  ")
+    outcome, facts = _drive(session.id)
+    assert outcome == "ended" and facts is not None
+    assert facts.profile.pk == profile.pk
+    assert facts.titled is False
+    assert facts.first_user_text == "count the tokens"
+    assert facts.last_prompt_tokens == 42  # the last step's, not the first's
+    assert facts.over_budget is False

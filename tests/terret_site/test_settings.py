@@ -107,6 +107,11 @@ def test_redis_with_in_process_worker_is_allowed(tmp_path: Path) -> None:
     assert got["layer"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
 
 
+def test_an_empty_database_url_means_the_sqlite_default(tmp_path: Path) -> None:
+    got = ok(tmp_path, SECRET_KEY="k" * 50, DATABASE_URL="")
+    assert got["engine"] == "django.db.backends.sqlite3" and got["is_postgres"] is False
+
+
 def test_postgres_url_uses_a_connection_pool(tmp_path: Path) -> None:
     got = ok(tmp_path, SECRET_KEY="k" * 50, DATABASE_URL="postgres://u:p@db.example:5433/terret")
     assert got["engine"] == "django.db.backends.postgresql" and got["is_postgres"] is True

@@ -1,0 +1,124 @@
+"""The lease claim, its batched renewal, and the sweep's view of leases.
+Runs on both databases."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from sessions_app import log, services
+from sessions_app.models import AgentProfile, Session
+from sessions_app.runtime import lease
+from sessions_app.runtime.sweep import sweep
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def manual_worker(settings: Any) -> None:
+    settings.TERRET_WORKER = "manual"
+
+
+@pytest.fixture
+def profile() -> AgentProfile:
+    return AgentProfile.objects.create(
+        name="lease-t",
+        roles={"main": "test/main", "titler": "test/titler"},
+        builtin_tools=["clock.now"],
+        allow_floor=["clock.*"],
+        approvals={"clock.now": "always"},
+        compaction_budget=1234,
+        system_prompt="be brief",
+    )
+
+
+@pytest.fixture
+def session(make_user: Any, profile: AgentProfile) -> Session:
+    return services.create_session(make_user(), profile)
+
+
+def claimed(session_id: Any) -> lease.Lease:
+    got = lease.claim(session_id)
+    assert got is not None
+    lease.keeper.drop(got)
+    return got
+
+
+def test_the_claim_brings_the_agent_profile_as_the_orm_would(session: Session, profile: AgentProfile) -> None:
+    got = claimed(session.id)
+    p = got.driving.profile
+    assert p is not None and p.pk == profile.pk
+    for field in AgentProfile._meta.concrete_fields:
+        assert getattr(p, field.attname) == getattr(profile, field.attname), field.name
+    assert p._state.adding is False
+    assert got.driving.compacted_seq is None and got.driving.titled is False and got.driving.overrides == {}
+    lease.release(got)
+
+
+def test_the_claim_brings_overrides_title_and_compaction(session: Session) -> None:
+    services.set_model(session.id, "main", "other/main")
+    services.set_model(session.id, "compactor", "other/compactor")
+    services.set_model(session.id, "main", "latest/main")
+    log.append(session.id, "session/titled", {"title": "Named"})
+    compacted = log.append(session.id, "session/compacted", {"upto_seq": 4, "summary": "so far"})
+    got = claimed(session.id)
+    assert got.driving.overrides == {"main": "latest/main", "compactor": "other/compactor"}
+    assert got.driving.titled is True
+    assert got.driving.compacted_seq == compacted.seq
+    lease.release(got)
+
+
+def test_a_session_without_a_live_agent_claims_with_no_profile(session: Session) -> None:
+    agent = session.agent  # type: ignore[attr-defined]
+    services.dispose_agent(agent.agent_id)
+    got = claimed(session.id)
+    assert got.driving.profile is None
+    lease.release(got)
+
+
+def test_renew_many_extends_ours_and_flags_the_taken_over(session: Session, make_user: Any, profile: Any) -> None:
+    other = services.create_session(make_user(), profile)
+    a, b = claimed(session.id), claimed(other.id)
+    # b is taken over: its generation moves on behind its back.
+    Session.objects.filter(id=other.id).update(lease_gen=b.gen + 1)
+    before = Session.objects.get(id=session.id).lease_expires_at
+    threading.Event().wait(0.05)
+    renewed = lease.renew_many([a, b])
+    assert renewed == [a]
+    assert not a.lost.is_set() and b.lost.is_set()
+    assert Session.objects.get(id=session.id).lease_expires_at > before
+    lease.release(a)
+
+
+def test_the_keeper_renews_a_held_lease_before_it_lapses(session: Session) -> None:
+    held = lease.claim(session.id, ttl=0.6)
+    assert held is not None
+    try:
+        threading.Event().wait(1.0)  # past the ttl: only renewals keep it ours
+        assert lease.claim(session.id) is None
+        assert not held.lost.is_set()
+    finally:
+        lease.release(held)
+
+
+def test_sweep_leaves_an_unclaimed_turn_alone_for_one_lease_period(session: Session, settings: Any) -> None:
+    settings.TERRET_LEASE_SECONDS = 30.0
+    services.inject(session.id, "hello", wake=True)  # admitted; its wake-up is on its way
+    assert str(session.id) not in sweep()
+    # Nobody claimed it within a lease period: presumed lost, swept.
+    Session.objects.filter(id=session.id).update(last_event_at=timezone.now() - timedelta(seconds=31))
+    assert str(session.id) in sweep()
+
+
+def test_sweep_takes_an_expired_lease_at_once_and_skips_a_live_one(session: Session) -> None:
+    services.inject(session.id, "hello", wake=True)
+    got = lease.claim(session.id)
+    assert got is not None
+    lease.keeper.drop(got)
+    assert str(session.id) not in sweep()
+    Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert str(session.id) in sweep()

@@ -1,0 +1,103 @@
+"""Guarded appends (log.append_if, append_many(guard=...)): the check and the
+write are one statement under the session row lock, and a failed guard
+writes nothing. Runs on both databases."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from sessions_app import log
+from sessions_app.log import SessionNotFound
+from sessions_app.models import Event, Session
+
+pytestmark = pytest.mark.django_db
+
+
+def kinds(session: Session) -> list[str]:
+    return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
+
+
+def test_append_if_writes_while_the_guard_holds_and_then_nothing(make_session: Any) -> None:
+    s = make_session()
+    first = log.append_if(s.id, "session/titled", {"title": "First"}, guard="untitled")
+    assert first is not None and first.seq == 1
+    again = log.append_if(s.id, "session/titled", {"title": "Second"}, guard="untitled")
+    assert again is None
+    s.refresh_from_db()
+    assert s.title == "First" and s.last_seq == 1
+    assert kinds(s) == ["session/titled"]
+
+
+def test_append_if_refuses_an_unknown_guard_and_a_missing_session(make_session: Any) -> None:
+    s = make_session()
+    with pytest.raises(ValueError, match="unknown append guard"):
+        log.append_if(s.id, "session/titled", {"title": "x"}, guard="whenever")
+    with pytest.raises(SessionNotFound):
+        log.append_if("00000000-0000-0000-0000-000000000000", "session/titled", {"title": "x"}, guard="untitled")
+    with pytest.raises(log.InvalidPayload):
+        log.append_if(s.id, "session/titled", {"title": ""}, guard="untitled")
+    assert kinds(s) == []
+
+
+def test_guarded_batch_is_all_or_nothing(make_session: Any) -> None:
+    s = make_session()
+    items: list[tuple[str, dict[str, Any]]] = [("turn/start", {}), ("user/message", {"text": "hi"})]
+    opened = log.append_many(s.id, items, guard="idle_empty_inbox")
+    assert [e.seq for e in opened] == [1, 2]
+    # A turn is open now: the same guarded batch writes nothing.
+    assert log.append_many(s.id, items, guard="idle_empty_inbox") == []
+    s.refresh_from_db()
+    assert s.open_turn_seq == 1 and s.last_seq == 2
+    assert kinds(s) == ["turn/start", "user/message"]
+
+
+def test_queued_input_fails_the_idle_guard(make_session: Any) -> None:
+    s = make_session()
+    log.append(s.id, "input/queued", {"text": "earlier", "wake": False})
+    assert log.append_many(s.id, [("turn/start", {}), ("user/message", {"text": "x"})], guard="idle_empty_inbox") == []
+    assert kinds(s) == ["input/queued"]
+
+
+def test_guarded_batch_inside_a_transaction(make_session: Any) -> None:
+    from django.db import transaction
+
+    s = make_session()
+    with transaction.atomic():
+        assert (
+            len(log.append_many(s.id, [("turn/start", {}), ("user/message", {"text": "a"})], guard="idle_empty_inbox"))
+            == 2
+        )
+        assert (
+            log.append_many(s.id, [("turn/start", {}), ("user/message", {"text": "b"})], guard="idle_empty_inbox") == []
+        )
+    assert kinds(s) == ["turn/start", "user/message"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_racing_guarded_titles_land_once(make_session: Any) -> None:
+    s = make_session()
+    results: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def title(i: int) -> None:
+        barrier.wait()
+        try:
+            results.append(log.append_if(s.id, "session/titled", {"title": f"t{i}"}, guard="untitled"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=title, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    landed = [r for r in results if r is not None]
+    assert len(results) == 8 and len(landed) == 1
+    assert kinds(s) == ["session/titled"]
+    s.refresh_from_db()
+    assert s.title == landed[0].data["title"]
