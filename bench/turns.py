@@ -93,6 +93,27 @@ def machine_busy() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_command() -> dict[str, float]:
+    """CPU seconds so far of every live process, summed by command name."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def top_consumers(before: dict[str, float], after: dict[str, float], n: int = 5) -> str:
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    top = sorted(spent.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {sec:.2f}s" for name, sec in top if sec > 0.005)
+
+
 def kill(proc: subprocess.Popen[bytes]) -> None:
     import signal
 
@@ -223,6 +244,7 @@ def case_b(turns: int, workers: int, concurrency: int, latency: float, admit_fir
                     services.inject(i, "go", wake=True)
             cpu_before = sum(cpu_seconds(p.pid) for p in procs)
             busy_before = machine_busy()
+            by_command = cpu_by_command()
             t0 = time.perf_counter()
             for i in ids:
                 drive_session.delay(str(i))
@@ -232,6 +254,7 @@ def case_b(turns: int, workers: int, concurrency: int, latency: float, admit_fir
             busy = machine_busy() - busy_before
             print(f"    worker CPU {worker_cpu:.2f}s = {worker_cpu * 1000 / turns:.1f} ms per turn")
             print(f"    machine busy {busy:.2f} CPU-s of {wall * (os.cpu_count() or 1):.2f} ({os.cpu_count()} cores)")
+            print(f"    CPU by command: {top_consumers(by_command, cpu_by_command())}")
             _timeline(ids, 0.0)
             return wall, 2 * latency
         t0 = time.perf_counter()

@@ -25,10 +25,10 @@ def drive_session(session_id: str) -> str:
 
 
 @shared_task(name="terret.sweep", ignore_result=True)
-def sweep_sessions() -> int:
+def sweep_sessions(at_start: bool = False) -> int:
     from sessions_app.runtime.sweep import sweep
 
-    ids = sweep()
+    ids = sweep(at_start=at_start)
     for sid in ids:
         drive_session.delay(sid)
     return len(ids)
@@ -39,7 +39,7 @@ def _sweep_loop() -> None:
     first = True
     while True:
         try:
-            sweep_sessions()
+            sweep_sessions(at_start=first)
         except Exception:
             log.exception("sweep failed")
         finally:

@@ -122,3 +122,11 @@ def test_sweep_takes_an_expired_lease_at_once_and_skips_a_live_one(session: Sess
     assert str(session.id) not in sweep()
     Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert str(session.id) in sweep()
+
+
+def test_the_first_sweep_of_a_process_takes_unclaimed_turns_at_once(session: Session, settings: Any) -> None:
+    settings.TERRET_LEASE_SECONDS = 30.0
+    services.inject(session.id, "hello", wake=True)
+    assert str(session.id) not in sweep()
+    # A process starting now: an in-process queue holding its wake-up is gone.
+    assert str(session.id) in sweep(at_start=True)
