@@ -173,6 +173,7 @@ def case_a(turns: int) -> tuple[float, float]:
             wait_ready(worker)
             sessions = make_sessions(turns, "bench-a", ["debug.noop"])
             per_step: list[float] = []
+            cpu_before = cpu_seconds(worker.pid)
             for s in sessions:
                 services.inject(s.id, "go", wake=True)
                 wait_turn_ends([s.id])
@@ -184,6 +185,8 @@ def case_a(turns: int) -> tuple[float, float]:
                 steps = len(stamps) - 1
                 assert steps == 25, steps
                 per_step.append((stamps[-1] - stamps[0]).total_seconds() * 1000 / steps)
+            cpu = (cpu_seconds(worker.pid) - cpu_before) * 1000 / (25 * len(sessions))
+            print(f"    worker CPU per step (whole turns, wake-up and post-turn work included): {cpu:.2f} ms")
             return statistics.median(per_step), bare_model_call(fake.base_url)
         finally:
             kill(worker)

@@ -14,7 +14,10 @@ from sessions_app.runtime.hooks import CallContext
 def veto(ctx: CallContext) -> str | None:
     """None when the session's policy allows the tool; otherwise why not."""
     name = ctx.definition.name
-    policy = current_policy(ctx.session_id, ctx.profile)
+    if ctx.policy_known:
+        policy = current_policy(ctx.session_id, ctx.profile, known_seq=ctx.policy_seq)
+    else:
+        policy = current_policy(ctx.session_id, ctx.profile)
     if policy.allows(name):
         return None
     if policy.source == "closed":

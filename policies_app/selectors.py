@@ -4,11 +4,13 @@ The log is the only source of truth: the active patterns are those of the
 session's last policy/updated event, or, failing that, the profile's floor.
 
 A read-through cache per session keeps the event's patterns in memory, keyed
-by the seq of that event. Every lookup first reads Session.policy_seq (a
+by the seq of that event. Every lookup first learns Session.policy_seq (a
 projection column the append transaction maintains, so it moves in the same
-commit as the event); a cached entry is used only while it names that same
-seq. An update made by any process is therefore in force at the very next
-tool call everywhere, and the cache can never disagree with the log. The
+commit as the event): read from the row, or, from a turn runner, as of the
+commit it made right before the call (see loop.TurnRunner.run_call); a
+cached entry is used only while it names that same seq. An update made by
+any process is therefore in force at the very next tool call everywhere,
+and the cache can never disagree with the log. The
 policy/updated listener refreshes this process's entry eagerly on commit.
 
 A session that cannot be read fails closed: every tool is denied, a warning
@@ -95,11 +97,20 @@ def policy_from_event(sid: uuid.UUID, seq: int, data: dict[str, Any]) -> ActiveP
     return _from_patterns(sid, data.get("patterns"), "session", seq)
 
 
-def current_policy(session_id: uuid.UUID | str, profile: AgentProfile | None = None) -> ActivePolicy:
+_READ = object()
+
+
+def current_policy(
+    session_id: uuid.UUID | str, profile: AgentProfile | None = None, *, known_seq: int | object | None = _READ
+) -> ActivePolicy:
     """The policy in force right now. `profile` (the turn's) supplies the
-    floor; without it the session's profile is read."""
+    floor; without it the session's profile is read. A turn runner passes
+    `known_seq`, the session's policy_seq as of its own latest commit (None:
+    no policy/updated yet), which saves reading the session row."""
     try:
         sid = uuid.UUID(str(session_id))
+        if known_seq is not _READ and (known_seq is None or isinstance(known_seq, int)):
+            return _for_seq(sid, known_seq, profile, None)
         return _current(sid, profile)
     except (DatabaseError, ValueError, KeyError, TypeError):
         logger.warning("policy of session %s could not be read; denying every tool", session_id, exc_info=True)
@@ -118,10 +129,16 @@ def _current(sid: uuid.UUID, profile: AgentProfile | None) -> ActivePolicy:
     if row is None:
         logger.warning("policy of unknown session %s requested; denying every tool", sid)
         return CLOSED
-    seq = row["policy_seq"]
+    return _for_seq(sid, row["policy_seq"], profile, row["profile_id"])
+
+
+def _for_seq(sid: uuid.UUID, seq: int | None, profile: AgentProfile | None, profile_id: Any) -> ActivePolicy:
     if seq is None:
         if profile is None:
-            profile = AgentProfile.objects.filter(pk=row["profile_id"]).first()
+            pk = profile_id
+            if pk is None:
+                pk = Session.objects.filter(id=sid).values_list("profile_id", flat=True).first()
+            profile = AgentProfile.objects.filter(pk=pk).first()
         floor = profile.allow_floor if profile is not None else []
         return _from_patterns(sid, floor, "floor", None)
     cached = cache.get(sid, seq)

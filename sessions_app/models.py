@@ -90,7 +90,10 @@ class Session(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["owner", "-created_at"]), models.Index(fields=["-last_event_at"])]
+        # Every append updates this row, so no column an append writes is
+        # indexed (last_event_at included: lists sort their own sessions):
+        # then PostgreSQL can update it in place (HOT), touching no index.
+        indexes = [models.Index(fields=["owner", "-created_at"])]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -117,7 +120,9 @@ class EventQuerySet(models.QuerySet["Event"]):
 
 
 class Event(models.Model):
-    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="events")
+    # No index of its own: the unique (session, seq) index serves every
+    # lookup by session, and each index is one more write per event.
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="events", db_index=False)
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=64)
     data = models.JSONField(default=dict)

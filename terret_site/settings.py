@@ -119,6 +119,13 @@ else:
         _pool_min = min(env_int("TERRET_DB_POOL_MIN", 4, minimum=0), _pool_max)
         _db["OPTIONS"] = {"pool": {"min_size": _pool_min, "max_size": _pool_max, "timeout": 30}}
         _db["CONN_MAX_AGE"] = 0
+    # Django turns psycopg's prepared statements off (for transaction-mode
+    # poolers such as PgBouncer). The log's appends are a handful of fixed
+    # statements bound server-side (sessions_app.log), and planning their
+    # UPDATE-then-INSERT CTE costs more than running it, so they are prepared
+    # after 5 uses on a connection. Set 0 behind a transaction-mode pooler.
+    _prepare = env_int("TERRET_DB_PREPARE_THRESHOLD", 5, minimum=0)
+    _db.setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None
     _test_name = env_str("TERRET_TEST_DB_NAME")
     if _test_name:
         _db["TEST"] = {"NAME": _test_name}

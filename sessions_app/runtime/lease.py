@@ -57,12 +57,14 @@ class Driving:
     """What the new owner needs to drive the session, read by the claim's own
     statement rather than by one query each: the live agent's profile (None:
     no live agent), the latest compaction's seq, whether the session has a
-    title, and the session's model-role overrides (model/updated)."""
+    title, the session's model-role overrides (model/updated) and the seq of
+    its policy/updated in force."""
 
     profile: AgentProfile | None
     compacted_seq: int | None
     titled: bool
     overrides: dict[str, str]
+    policy_seq: int | None = None
 
 
 @dataclass
@@ -84,7 +86,7 @@ class Lease:
 
 
 _HEAD = "open_turn_seq, pending_approvals, inbox_seq, last_input_seq"
-_DRIVING = "compacted_seq, title, " + ", ".join(f"model_{role}" for role in MODEL_ROLES)
+_DRIVING = "compacted_seq, title, policy_seq, " + ", ".join(f"model_{role}" for role in MODEL_ROLES)
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table
 _PROFILE_FIELDS = AgentProfile._meta.concrete_fields
@@ -122,7 +124,7 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
         f"RETURNING id, lease_gen, {_HEAD}, {_DRIVING}"
     )
     params = _params(me, now + timedelta(seconds=ttl), session_id, now)
-    width = 6 + 2 + len(MODEL_ROLES)
+    width = 6 + 3 + len(MODEL_ROLES)
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute(
@@ -147,8 +149,8 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
         if not Session.objects.filter(id=session_id).exists():
             raise SessionNotFound(f"no session {session_id}")
         return None
-    overrides = {role: spec for role, spec in zip(MODEL_ROLES, row[8:width], strict=True) if spec}
-    driving = Driving(_profile(profile_row), row[6], bool(row[7]), overrides)
+    overrides = {role: spec for role, spec in zip(MODEL_ROLES, row[9:width], strict=True) if spec}
+    driving = Driving(_profile(profile_row), row[6], bool(row[7]), overrides, row[8])
     lease = Lease(session_id, me, int(row[1]), ttl, Head(row[2], row[3], row[4], row[5]), driving)
     keeper.hold(lease)
     return lease

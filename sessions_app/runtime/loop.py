@@ -208,6 +208,9 @@ class TurnRunner:
         self.messages: list[dict[str, Any]] = []
         self.spec = ""
         self.buffer: list[tuple[str, dict[str, Any]]] = []
+        # The session's policy head as of this runner's last commit: the claim
+        # returned it, and a foreign policy/updated shows up at the next flush.
+        self.policy_seq = lease.driving.policy_seq
         # For the post-turn work, so it need not read them back.
         self.first_user_text: str | None = None
         self.last_prompt_tokens: int | None = None
@@ -240,6 +243,8 @@ class TurnRunner:
                 self.spec = e.data["spec"]
             elif e.kind == "step/end" and e.data.get("usage"):
                 self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
+            elif e.kind == "policy/updated":
+                self.policy_seq = e.seq
         self.events.extend(new)
         if new:
             self.seen = new[-1].seq
@@ -415,7 +420,13 @@ class TurnRunner:
             return self.result(call, "arguments are not valid JSON", True)
         if not isinstance(args, dict):
             return self.result(call, "arguments must be a JSON object", True)
-        veto = hooks.first_veto(hooks.CallContext(self.sid, self.profile, defn, args))
+        # Commit what is buffered first: the flush is also what reveals a
+        # policy/updated committed meanwhile by anyone (a foreign event shows
+        # up as a gap in the seqs), so the veto sees every update committed
+        # before it, without reading the session row itself.
+        self.flush()
+        ctx = hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.policy_seq)
+        veto = hooks.first_veto(ctx)
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
         # Verdicts bind to this call: same id, tool and args, asked after its message.

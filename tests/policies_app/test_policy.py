@@ -198,3 +198,39 @@ def test_update_is_in_force_at_the_very_next_tool_call(
     )
     assert [r["is_error"] for r in results] == [False, True]
     assert "session's allow-list" in results[1]["content"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_between_two_calls_of_one_step_vetoes_the_second(
+    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+) -> None:
+    """The runner learns the policy head from its own commits: the result of
+    the first call is committed right before the second call's veto, and an
+    update committed meanwhile (here, while the first call runs) shows up as
+    a gap in the seqs. No read of the session row is needed to see it."""
+    import threading
+
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="two-calls", roles={"main": "test/model"}, builtin_tools=["debug.sleep", "clock.now"], allow_floor=["*"]
+    )
+    session = sessions.create_session(make_user("two"), profile)
+    fake_llm.script(Reply(tool_calls=[("debug.sleep", {"seconds": 1.0}), ("clock.now", {})]), Reply(text="done"))
+    sessions.run_turn(session.id, "go")
+    worker = threading.Thread(target=drive, args=(session.id,))
+    worker.start()
+    try:
+        # The assistant message is committed once the first call starts running.
+        for _ in range(500):
+            if Event.objects.filter(session=session, kind="assistant/message").exists():
+                break
+            threading.Event().wait(0.01)
+        services.update_policy(session.id, ["debug.*"], user=session.owner)
+    finally:
+        worker.join(30)
+    results = list(
+        Event.objects.filter(session=session, kind="tool/result").order_by("seq").values_list("data", flat=True)
+    )
+    assert [(r["name"], r["is_error"]) for r in results] == [("debug.sleep", False), ("clock.now", True)]
+    assert "session's allow-list" in results[1]["content"]

@@ -119,6 +119,10 @@ def test_postgres_url_uses_a_connection_pool(tmp_path: Path) -> None:
     assert got["options"]["pool"]["max_size"] == 20
     no_pool = ok(tmp_path, SECRET_KEY="k" * 50, DATABASE_URL="postgresql://u@h/x", TERRET_DB_POOL_MAX="0")
     assert "pool" not in no_pool["options"]
+    # The append statements are prepared after 5 uses unless a pooler forbids it.
+    assert got["options"]["prepare_threshold"] == 5
+    unprepared = ok(tmp_path, SECRET_KEY="k" * 50, DATABASE_URL="postgres://u@h/x", TERRET_DB_PREPARE_THRESHOLD="0")
+    assert unprepared["options"]["prepare_threshold"] is None
 
 
 def test_debug_allows_a_missing_secret_key_with_an_ephemeral_one(tmp_path: Path) -> None:
