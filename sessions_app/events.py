@@ -274,6 +274,8 @@ def validate(kind: str, data: object) -> Kind:
         raise UnknownEventKind(f"unknown event kind {kind!r}")
     if not isinstance(data, dict):
         raise InvalidPayload(f"{kind}: payload must be a JSON object")
+    if spec.validator.is_valid(data):
+        return spec  # the common case; collecting errors costs more than checking
     errors = [
         f"{'/'.join(map(str, e.instance_path)) or '(root)'}: {e.message}" for e in spec.validator.iter_errors(data)
     ]

@@ -30,7 +30,7 @@ DASHBOARD_GROUP = "terret.dashboard"
 
 
 class _Publisher:
-    """Owns an event loop thread that performs group_send calls.
+    """Sends hints from a background thread.
 
     Sends are batched over a short window (WINDOW seconds): per flush, each
     session gets one hint with its newest seq, consecutive token deltas of a
@@ -38,10 +38,15 @@ class _Publisher:
     every session that moved. That keeps a busy worker's cost per event small
     while adding at most WINDOW to live latency.
 
-    With the in-memory layer the groups live in the ASGI server's own loop, so
-    sends are scheduled there instead (the server registers its loop when the
-    first websocket connects); with no registered loop nobody in this process
-    can be listening, and hints are dropped.
+    With the Redis pub/sub layer (every deployment with REDIS_URL) a plain
+    thread sleeps out the window and sends the batch as one pipelined round of
+    PUBLISHes; no event loop is involved, which keeps the cost per flush low
+    on a worker appending for hundreds of turns. With the in-memory layer the
+    groups live in the ASGI server's own loop, so sends are scheduled there
+    instead (the server registers its loop when the first websocket
+    connects); with no registered loop nobody in this process can be
+    listening, and hints are dropped. Any other layer gets group_send calls
+    on a loop of the publisher's own.
     """
 
     WINDOW = 0.005
@@ -54,6 +59,10 @@ class _Publisher:
         self._messages: list[tuple[str, dict[str, Any]]] = []
         self._scheduled_on: asyncio.AbstractEventLoop | None = None
         self._redis: redis.Redis | None = None
+        self._pipe: Any = None  # reused: building a redis-py pipeline copies its callback table
+        self._thread: threading.Thread | None = None
+        self._armed = False
+        self._wake = threading.Event()
 
     def register_server_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._server_loop = loop
@@ -81,19 +90,51 @@ class _Publisher:
         self._scheduled_on = loop
         loop.call_soon_threadsafe(lambda: loop.call_later(self.WINDOW, lambda: asyncio.ensure_future(self._flush())))
 
-    def event(self, session_id: uuid.UUID, seq: int) -> None:
+    def _arm(self) -> None:
+        """Caller holds the lock: have the Redis thread flush after WINDOW."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="terret-hints", daemon=True)
+            self._thread.start()
+        if not self._armed:
+            self._armed = True
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            threading.Event().wait(self.WINDOW)
+            with self._lock:
+                self._armed = False
+                pending, self._pending = self._pending, {}
+                messages, self._messages = self._messages, []
+            layer = get_channel_layer()
+            if isinstance(layer, RedisPubSubChannelLayer):
+                try:
+                    self._publish_pipelined(layer, self._batch(pending, messages))
+                except Exception:  # hints are lossy by design; readers catch up by seq
+                    log.warning("%d hints were not sent", len(pending) + len(messages), exc_info=True)
+                    self._pipe = None
+
+    def _schedule_any(self) -> bool:
+        """Caller holds the lock. Arrange a flush; False if nobody can listen."""
+        if isinstance(get_channel_layer(), RedisPubSubChannelLayer):
+            self._arm()
+            return True
         loop = self._target_loop()
         if loop is None:
-            return
+            return False
+        self._schedule(loop)
+        return True
+
+    def event(self, session_id: uuid.UUID, seq: int) -> None:
         with self._lock:
             if self._pending.get(session_id, 0) < seq:
                 self._pending[session_id] = seq
-            self._schedule(loop)
+            if not self._schedule_any():
+                self._pending.pop(session_id, None)
 
     def message(self, group: str, message: dict[str, Any]) -> None:
-        loop = self._target_loop()
-        if loop is None:
-            return
         with self._lock:
             last = self._messages[-1] if self._messages else None
             if (
@@ -106,7 +147,8 @@ class _Publisher:
                 last[1]["text"] = last[1].get("text", "") + message.get("text", "")
             else:
                 self._messages.append((group, dict(message)))
-            self._schedule(loop)
+            if not self._schedule_any():
+                self._messages.clear()
 
     async def _flush(self) -> None:
         with self._lock:
@@ -116,33 +158,37 @@ class _Publisher:
         layer = get_channel_layer()
         if layer is None:
             return
+        for group, message in self._batch(pending, messages):
+            try:
+                await layer.group_send(group, message)
+            except Exception:
+                log.warning("message to %s was not sent", group, exc_info=True)
+
+    @staticmethod
+    def _batch(
+        pending: dict[uuid.UUID, int], messages: list[tuple[str, dict[str, Any]]]
+    ) -> list[tuple[str, dict[str, Any]]]:
         # Messages (deltas) first: a step's text precedes the hint for its
         # durable assistant/message. One dashboard hint names every session.
         batch = list(messages)
         batch += [(group_name(sid), {"type": "log.hint", "seq": seq}) for sid, seq in pending.items()]
         if pending:
             batch.append((DASHBOARD_GROUP, {"type": "log.hint", "sessions": [str(s) for s in pending]}))
-        if isinstance(layer, RedisPubSubChannelLayer):
-            try:
-                self._publish_pipelined(layer, batch)
-            except Exception:  # hints are lossy by design; readers catch up by seq
-                log.warning("%d hints were not sent", len(batch), exc_info=True)
-            return
-        for group, message in batch:
-            try:
-                await layer.group_send(group, message)
-            except Exception:
-                log.warning("message to %s was not sent", group, exc_info=True)
+        return batch
 
     def _publish_pipelined(self, layer: RedisPubSubChannelLayer, batch: list[tuple[str, dict[str, Any]]]) -> None:
         """The whole flush as one pipelined round trip of PUBLISHes, on the
         channel names and serialization the pub/sub layer's subscribers use
         (`<prefix>__group__<group>`); much cheaper than one asyncio
         group_send per message on a worker running hundreds of turns."""
-        if self._redis is None:
-            self._redis = redis.Redis.from_url(settings.REDIS_URL or "")
+        if not batch:
+            return
+        if self._pipe is None:
+            if self._redis is None:
+                self._redis = redis.Redis.from_url(settings.REDIS_URL or "")
+            self._pipe = self._redis.pipeline(transaction=False)
         prefix = settings.CHANNEL_PREFIX
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._pipe
         for group, message in batch:
             pipe.publish(f"{prefix}__group__{group}", layer.serialize(message))
         pipe.execute()

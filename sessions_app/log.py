@@ -280,11 +280,17 @@ def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence
 
 
 def _insert_if(
-    session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None, guard: str | None
+    session_id: uuid.UUID,
+    kind: str,
+    data: dict[str, Any],
+    fence: Fence | None,
+    guard: str | None,
+    now: datetime | None = None,
 ) -> AppendedEvent | None:
-    """_insert, or None (nothing written) when the row fails `guard`."""
+    """_insert, or None (nothing written) when the row fails `guard`. The
+    events of one batch share `now`, as they share their commit."""
     spec, payload = _prepare(kind, data)
-    now = timezone.now()
+    now = now or timezone.now()
     set_sql, set_params = _set_clause(spec, data, now, fence)
     extras = spec.extra(data) if spec.extra is not None else []  # noqa: S610 - the catalogue's SQL, not QuerySet.extra
     pg = connection.vendor == "postgresql"
@@ -346,14 +352,26 @@ def _pg_execute(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     """Run one statement on Django's own psycopg connection (so it joins the
     current transaction, or autocommits outside one) with server-side binding.
     Django's cursors bind client-side, which costs a Python-side mogrify per
-    call; a plain psycopg cursor lets psycopg prepare the few append statements
-    once per connection. The append is the hottest path in the runtime."""
+    call and can never use a prepared statement; a plain psycopg cursor runs
+    the runtime's few fixed statements prepared (see pg_rows)."""
+    rows = pg_rows(sql, params)
+    return rows[0] if rows else None
+
+
+def pg_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Postgres only: one of the runtime's hot, fixed-shape statements (an
+    append, the lease claim and release, the turn load), prepared on its
+    first use on each connection. Planning an UPDATE-then-INSERT CTE costs
+    more than running it, and a worker's pool spreads the statements over
+    many connections, so waiting for psycopg's usual 5 uses per connection
+    would leave most of them unprepared. With TERRET_DB_PREPARE_THRESHOLD=0
+    (a transaction-mode pooler) nothing is prepared."""
     import psycopg
 
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cur:  # type: ignore[arg-type]
-        cur.execute(sql, params)  # type: ignore[arg-type]
-        return cur.fetchone()
+        cur.execute(sql, params, prepare=True)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description is not None else []
 
 
 def _extra_ctes(extras: list[catalogue.Assignment], now: datetime) -> tuple[str, str, list[Any]]:
@@ -576,11 +594,12 @@ def _append_batch_atomic(
 ) -> list[AppendedEvent]:
     track = not connection.in_atomic_block
     events: list[AppendedEvent] = []
+    now = timezone.now()
     try:
         with transaction.atomic():
             for i, (kind, data) in enumerate(items):
                 # The first insert takes the row lock; the guard is decided there.
-                event = _insert_if(sid, kind, data, fence, guard if i == 0 else None)
+                event = _insert_if(sid, kind, data, fence, guard if i == 0 else None, now)
                 if event is None:
                     return []
                 if track:
@@ -657,16 +676,11 @@ def _append_batch_autocommit(
     fence: Fence | None,
     guard: str | None = None,
 ) -> list[AppendedEvent]:
-    import psycopg
-
     sql, params, _, now = statement
     events: list[AppendedEvent] = []
     dispatcher.begin(sid)
     try:
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cur:  # type: ignore[arg-type]
-            cur.execute(sql, params)  # type: ignore[arg-type]
-            seqs = sorted(int(row[0]) for row in cur.fetchall())
+        seqs = sorted(int(row[0]) for row in pg_rows(sql, params))
         if not seqs:
             if guard is not None and _guard_failed(sid, fence):
                 return []

@@ -46,16 +46,22 @@ def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[tuple[in
     """What a turn runner loads: from `start` (the latest compaction's seq),
     every model-visible event, and every event from `turn_seq` on. Raw SQL:
     it runs once per drive, on the hottest path there is."""
+    from sessions_app.log import pg_rows
+
     pg = connection.vendor == "postgresql"
     kinds = sorted(MODEL_VISIBLE)
     marks = ", ".join(["%s"] * len(kinds))
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE session_id = %s AND seq >= %s "
-            f"AND (seq >= %s OR kind IN ({marks})) ORDER BY seq",
-            [session_id if pg else session_id.hex, start, turn_seq, *kinds],
-        )
-        rows = cur.fetchall()
+    sql = (
+        f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE session_id = %s AND seq >= %s "
+        f"AND (seq >= %s OR kind IN ({marks})) ORDER BY seq"
+    )
+    params = [session_id if pg else session_id.hex, start, turn_seq, *kinds]
+    if pg:
+        rows = pg_rows(sql, params)
+    else:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
     # Django loads jsonb as text (the JSONField decodes it); so does SQLite.
     return [(int(seq), kind, json.loads(data) if isinstance(data, str) else data) for seq, kind, data in rows]
 

@@ -94,6 +94,27 @@ def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
 # -- SSE --------------------------------------------------------------------
 
 
+def iter_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Lines of a UTF-8 byte stream, split on LF, CRLF or CR as SSE allows.
+    Cheaper than httpx's text and line decoders, which handle any charset;
+    an event stream is UTF-8 by definition. A chunk ending in CR waits for
+    the next one, so a CRLF split across chunks is one line end, not two."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        if pending.endswith(b"\r"):
+            continue
+        lines = pending.splitlines()
+        if pending.endswith((b"\n", b"\r")):
+            pending = b""
+        else:
+            pending = lines.pop() if lines else b""
+        for line in lines:
+            yield line.decode("utf-8", "replace")
+    for line in pending.splitlines():
+        yield line.decode("utf-8", "replace")
+
+
 def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
     """The `data` payload of each server-sent event.
 
@@ -376,7 +397,7 @@ class OpenAIAdapter:
 
     def _consume(self, response: httpx.Response, request: _Request, state: _StreamState) -> ModelReply:
         try:
-            lines = response.iter_lines()
+            lines = iter_lines(response.iter_bytes())
             for data in iter_sse_data(lines):
                 if data.strip() == "[DONE]":
                     reply = state.reply(request.known)

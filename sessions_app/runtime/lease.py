@@ -11,6 +11,7 @@ or a tool, when no append would renew them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions_app.events import MODEL_ROLES
-from sessions_app.log import Fence, SessionNotFound
+from sessions_app.log import Fence, SessionNotFound, pg_rows
 from sessions_app.models import Agent, AgentProfile, Session
 
 log = logging.getLogger(__name__)
@@ -125,16 +126,16 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     )
     params = _params(me, now + timedelta(seconds=ttl), session_id, now)
     width = 6 + 3 + len(MODEL_ROLES)
-    with connection.cursor() as cur:
-        if connection.vendor == "postgresql":
-            cur.execute(
-                f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS} FROM c "
-                f"LEFT JOIN {_AGENT} a ON a.session_id = c.id LEFT JOIN {_PROFILE} p ON p.id = a.profile_id",
-                params,
-            )
-            row = cur.fetchone()
-            profile_row = row[width:] if row is not None else None
-        else:
+    if connection.vendor == "postgresql":
+        rows = pg_rows(
+            f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS} FROM c "
+            f"LEFT JOIN {_AGENT} a ON a.session_id = c.id LEFT JOIN {_PROFILE} p ON p.id = a.profile_id",
+            params,
+        )
+        row = rows[0] if rows else None
+        profile_row = row[width:] if row is not None else None
+    else:
+        with connection.cursor() as cur:
             cur.execute(update, params)
             row = cur.fetchone()
             profile_row = None
@@ -161,12 +162,21 @@ def _profile(values: tuple[Any, ...] | None) -> AgentProfile | None:
     if values is None or values[0] is None:
         return None
     converted = []
-    for f, value in zip(_PROFILE_FIELDS, values, strict=True):
-        col = f.get_col(_PROFILE)
-        for convert in [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]:
+    for (col, converters), value in zip(_profile_converters(), values, strict=True):
+        for convert in converters:
             value = convert(value, col, connection)
         converted.append(value)
     return AgentProfile.from_db(connection.alias, [f.attname for f in _PROFILE_FIELDS], converted)
+
+
+@functools.cache
+def _profile_converters() -> list[tuple[Any, list[Any]]]:
+    """Per profile column: the ORM's converters (backend's, then field's)."""
+    out = []
+    for f in _PROFILE_FIELDS:
+        col = f.get_col(_PROFILE)
+        out.append((col, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]))
+    return out
 
 
 def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
@@ -176,13 +186,18 @@ def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
     stimulus may still claim it."""
     keeper.drop(lease)
     expires = timezone.now() + timedelta(seconds=retry_after) if retry_after else None
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {_SESSION} SET lease_owner = '', lease_expires_at = %s WHERE id = %s AND lease_gen = %s "
-            f"RETURNING {_HEAD}",
-            _params(expires, lease.session_id, lease.gen),
-        )
-        row = cur.fetchone()
+    sql = (
+        f"UPDATE {_SESSION} SET lease_owner = '', lease_expires_at = %s WHERE id = %s AND lease_gen = %s "
+        f"RETURNING {_HEAD}"
+    )
+    params = _params(expires, lease.session_id, lease.gen)
+    if connection.vendor == "postgresql":
+        rows = pg_rows(sql, params)
+        row = rows[0] if rows else None
+    else:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
     return Head(row[0], row[1], row[2], row[3]) if row else None
 
 

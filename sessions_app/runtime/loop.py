@@ -378,8 +378,13 @@ class TurnRunner:
         if not reply.tool_calls:
             self.emit("step/end", end)
             return self.end("completed")
-        (appended,) = self.flush()[-1:]
-        message = LoggedEvent(appended.seq, appended.kind, appended.data)
+        if all(self.is_local(call) for call in reply.tool_calls):
+            # Nothing but local calls: no commit before them (see
+            # Definition.local); the message keeps its provisional seq.
+            message = self.state().events[-1]
+        else:
+            (appended,) = self.flush()[-1:]
+            message = LoggedEvent(appended.seq, appended.kind, appended.data)
         # `st` predates this message, which is right: its calls have no
         # results or verdicts yet, and earlier verdicts of the turn are in it.
         if self.execute_calls(message, st) == "parked":
@@ -401,6 +406,12 @@ class TurnRunner:
 
     # -- tools
 
+    def is_local(self, call: ToolCall) -> bool:
+        """A call the runner makes without committing first: a local tool
+        (Definition.local) that no approval setting makes ask."""
+        defn = self.registry.get(call.name)
+        return defn is not None and defn.local and not gate.needs_approval(defn, self.profile.approvals or {})
+
     def execute_calls(self, message: LoggedEvent, st: TurnState) -> str:
         parked = False
         for call in st.owed_calls(message):
@@ -420,12 +431,17 @@ class TurnRunner:
             return self.result(call, "arguments are not valid JSON", True)
         if not isinstance(args, dict):
             return self.result(call, "arguments must be a JSON object", True)
-        # Commit what is buffered first: the flush is also what reveals a
-        # policy/updated committed meanwhile by anyone (a foreign event shows
-        # up as a gap in the seqs), so the veto sees every update committed
-        # before it, without reading the session row itself.
-        self.flush()
-        ctx = hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.policy_seq)
+        if self.is_local(call):
+            # Nothing is committed before a local call, so the runner's
+            # policy head may predate the model call: the veto reads it.
+            ctx = hooks.CallContext(self.sid, self.profile, defn, args)
+        else:
+            # Commit what is buffered first: the flush is also what reveals a
+            # policy/updated committed meanwhile by anyone (a foreign event
+            # shows up as a gap in the seqs), so the veto sees every update
+            # committed before it without reading the session row itself.
+            self.flush()
+            ctx = hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.policy_seq)
         veto = hooks.first_veto(ctx)
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
@@ -447,9 +463,10 @@ class TurnRunner:
     def execute(self, defn: Definition, call: ToolCall) -> str:
         from sessions_app.tools.executor import execute
 
-        self.flush()  # earlier results are durable before this tool runs
+        if not defn.local:
+            self.flush()  # earlier results are durable before this tool runs
+            connection.close()  # tools may be slow; hold no connection meanwhile
         workspace = settings.TERRET_WORKSPACE_ROOT / self.sid.hex
-        connection.close()  # tools may be slow; hold no connection meanwhile
         outcome = execute(defn, ToolContext(self.sid, call.id, workspace), call.arguments)
         return self.result(call, outcome.content, outcome.is_error)
 

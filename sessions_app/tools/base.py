@@ -34,3 +34,10 @@ class Definition:
     approval: Approval = "never"
     mutating: bool = False
     idempotent: bool = True
+    # A local call: fast, in-process, read-only and idempotent (a clock, a
+    # file read). The turn runner commits nothing before running one; its
+    # assistant message and result are committed with the step's tail. A
+    # crash in that window re-asks the model, as a crash mid-stream would,
+    # and running it again could not have harmed anything. Never for a tool
+    # that changes anything, waits on the outside world, or asks a human.
+    local: bool = False

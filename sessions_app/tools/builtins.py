@@ -198,12 +198,13 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
 BUILTINS: dict[str, Definition] = {
     d.name: d
     for d in (
-        Definition("clock.now", "The current UTC time in ISO 8601.", NO_ARGS, _now),
+        Definition("clock.now", "The current UTC time in ISO 8601.", NO_ARGS, _now, local=True),
         Definition(
             "workspace.read",
             f"Read a UTF-8 text file from this session's workspace (at most {MAX_READ_BYTES // 1024} KiB).",
             _object({"path": _PATH}),
             _read,
+            local=True,
         ),
         Definition(
             "workspace.write",
@@ -215,8 +216,10 @@ BUILTINS: dict[str, Definition] = {
             mutating=True,
             idempotent=True,
         ),
-        Definition("workspace.list", "List the files in this session's workspace with their sizes.", NO_ARGS, _list),
-        Definition("debug.noop", "Do nothing and answer 'ok'.", NO_ARGS, _noop),
+        Definition(
+            "workspace.list", "List the files in this session's workspace with their sizes.", NO_ARGS, _list, local=True
+        ),
+        Definition("debug.noop", "Do nothing and answer 'ok'.", NO_ARGS, _noop, local=True),
         Definition(
             "debug.sleep",
             f"Sleep for the given number of seconds (at most {MAX_SLEEP_SECONDS}).",

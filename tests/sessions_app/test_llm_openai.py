@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sessions_app.llm.openai import OpenAIAdapter, from_wire, iter_sse_data, to_wire
+from sessions_app.llm.openai import OpenAIAdapter, from_wire, iter_lines, iter_sse_data, to_wire
 from sessions_app.llm.registry import complete_utility, get_adapter
 from sessions_app.llm.types import ModelNotConfigured, ModelUnavailable, ToolSpec, TornStream, Usage
 from tests.fakes.fake_llm import FakeLLM, Reply, chunks_for
@@ -428,3 +428,17 @@ def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
     t.join()
     assert theirs[0] is not mine
     assert _tls_context() is _tls_context()
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"data: a\r", b"\ndata: b\r\n\r\n"],  # a CRLF split across chunks is one line end
+        [b"data: a\n\n", b"data: b"],  # an unterminated last line still counts
+        [b"da", b"ta: \xc3", b"\xa9\n", b"\n"],  # a UTF-8 character split across chunks
+        [b"a\rb\r", b"\r\n"],  # CR alone ends a line too
+        [b"", b": keep-alive\n", b"", b"\n"],
+    ],
+)
+def test_iter_lines_splits_as_sse_does(chunks: list[bytes]) -> None:
+    assert list(iter_lines(chunks)) == b"".join(chunks).decode().splitlines()

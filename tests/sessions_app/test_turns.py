@@ -403,3 +403,28 @@ def test_the_runner_hands_post_turn_what_it_knows(fake_llm: Any, session: Sessio
     assert facts.first_user_text == "count the tokens"
     assert facts.last_prompt_tokens == 42  # the last step's, not the first's
     assert facts.over_budget is False
+
+
+def test_local_calls_ride_one_commit_with_the_step_tail(fake_llm: Any, session: Session) -> None:
+    """A step whose calls are all local (fast, read-only, idempotent) commits
+    its assistant message with the results and the next step/start: one
+    statement, so they share a timestamp. A step that calls anything else
+    commits the message before the tool runs."""
+    fake_llm.script(
+        Reply(tool_calls=[("clock.now", {}), ("debug.noop", {})]),
+        Reply(tool_calls=[("debug.sleep", {"seconds": 0.05}), ("debug.noop", {})]),
+        Reply(text="done"),
+    )
+    services.run_turn(session.id, "go")
+    assert drive(session.id) == "ended"
+    rows = list(Event.objects.filter(session=session).order_by("seq").values_list("kind", "data", "created_at"))
+    assert [k for k, _, _ in rows] == [
+        "agent/spawned", "turn/start", "user/message",
+        "step/start", "assistant/message", "tool/result", "tool/result", "step/end",
+        "step/start", "assistant/message", "tool/result", "tool/result", "step/end",
+        "step/start", "assistant/message", "step/end", "turn/end",
+    ]  # fmt: skip
+    at = [t for _, _, t in rows]
+    assert at[4] == at[5] == at[6] == at[7] == at[8]  # step 1: one commit, after the local calls
+    assert at[9] < at[10]  # step 2 calls debug.sleep: its message was committed first
+    assert [d["is_error"] for k, d, _ in rows if k == "tool/result"] == [False] * 4
