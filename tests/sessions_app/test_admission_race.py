@@ -5,9 +5,6 @@ its losers fall back to the locked path, which queues their text."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ from sessions_app import services
 from sessions_app.models import AgentProfile, Event
 from sessions_app.runtime.loop import drive
 from tests.fakes.fake_llm import Reply
-from tests.sessions_app.test_log_concurrency import ROOT, _child_env, _test_database_url
+from tests.sessions_app.test_log_concurrency import _child_env, _test_database_url, run_at_barrier
 
 WAKERS = 6
 
@@ -55,32 +52,7 @@ def test_racing_wakes_open_one_turn_and_lose_no_text(
     assert connection.settings_dict["NAME"].startswith("test_")
     env = _child_env(_test_database_url())
     env["TERRET_WORKER"] = "manual"
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(session.id), str(i), str(go)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(WAKERS)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.stderr else ""
-        go.touch()
-        receipts = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            receipts.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    receipts = run_at_barrier(CHILD, [[str(session.id), str(i)] for i in range(WAKERS)], env, tmp_path)
 
     assert sorted(r["disposition"] for r in receipts) == ["queued"] * (WAKERS - 1) + ["started"]
     rows = list(Event.objects.filter(session=session).order_by("seq").values_list("kind", "data"))

@@ -79,18 +79,25 @@ def _child_env(database_url: str) -> dict[str, str]:
 
 
 def _run_writers(database_url: str, session_id: uuid.UUID, tmp_path: Path) -> list[dict[str, list[int]]]:
+    argvs = [[str(session_id), str(w), str(ROUNDS)] for w in range(WRITERS)]
+    return run_at_barrier(CHILD, argvs, _child_env(database_url), tmp_path)
+
+
+def run_at_barrier(code: str, argvs: list[list[str]], env: dict[str, str], tmp_path: Path) -> list[Any]:
+    """One child process per argv running `code` (`python -c code *argv
+    <barrier file>`). Each prints "ready" once connected and waits for the
+    barrier file; the last line it prints is its JSON report."""
     go = tmp_path / "go"
-    env = _child_env(database_url)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(session_id), str(w), str(ROUNDS), str(go)],
+            [sys.executable, "-c", code, *argv, str(go)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for w in range(WRITERS)
+        for argv in argvs
     ]
     try:
         for p in procs:
