@@ -29,6 +29,7 @@ from typing import Any, Literal
 from django.db import DatabaseError, connection
 
 from policies_app.patterns import allowed, pattern_error
+from sessions_app.log import pg_rows
 from sessions_app.models import AgentProfile, Event, Session
 
 logger = logging.getLogger(__name__)
@@ -118,13 +119,16 @@ def current_policy(
 
 
 def _current(sid: uuid.UUID, profile: AgentProfile | None) -> ActivePolicy:
-    # Raw and by primary key: this runs before every tool call of every turn.
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT policy_seq, profile_id FROM {Session._meta.db_table} WHERE id = %s",
-            [sid if connection.vendor == "postgresql" else uuid.UUID(str(sid)).hex],
-        )
-        found = cur.fetchone()
+    # Raw, prepared on Postgres, by primary key: this runs before every
+    # local tool call of every turn (the runner knows the head otherwise).
+    sql = f"SELECT policy_seq, profile_id FROM {Session._meta.db_table} WHERE id = %s"
+    if connection.vendor == "postgresql":
+        rows = pg_rows(sql, [sid])
+        found = rows[0] if rows else None
+    else:
+        with connection.cursor() as cur:
+            cur.execute(sql, [uuid.UUID(str(sid)).hex])
+            found = cur.fetchone()
     row = {"policy_seq": found[0], "profile_id": found[1]} if found else None
     if row is None:
         logger.warning("policy of unknown session %s requested; denying every tool", sid)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -369,9 +370,14 @@ def pg_rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     import psycopg
 
     connection.ensure_connection()
+    started = time.monotonic()
     with psycopg.Cursor(connection.connection) as cur:  # type: ignore[arg-type]
         cur.execute(sql, params, prepare=True)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description is not None else []
+        rows = cur.fetchall() if cur.description is not None else []
+    if connection.queries_logged:
+        # Counted like Django's own queries (DEBUG, CaptureQueriesContext).
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return rows
 
 
 def _extra_ctes(extras: list[catalogue.Assignment], now: datetime) -> tuple[str, str, list[Any]]:
