@@ -24,7 +24,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from django.db import DatabaseError, connection
 
@@ -110,8 +110,8 @@ def current_policy(
     no policy/updated yet), which saves reading the session row."""
     try:
         sid = uuid.UUID(str(session_id))
-        if known_seq is not _READ and (known_seq is None or isinstance(known_seq, int)):
-            return _for_seq(sid, known_seq, profile, None)
+        if known_seq is not _READ:
+            return _for_seq(sid, cast(int | None, known_seq), profile, None)
         return _current(sid, profile)
     except (DatabaseError, ValueError, KeyError, TypeError):
         logger.warning("policy of session %s could not be read; denying every tool", session_id, exc_info=True)

@@ -438,6 +438,9 @@ _LOCK_COLUMNS = (
     "inbox_seq",
     "last_input_seq",
     "title",
+    "model_main",
+    "model_titler",
+    "model_compactor",
     "lease_owner",
     "lease_gen",
     "lease_expires_at",
@@ -513,35 +516,8 @@ def append_if(
     """Append one event only while the session row meets `guard` (a key of
     GUARDS), decided by the append's own row lock: a check-then-act in one
     statement. Returns None, having written nothing, when the guard fails."""
-    sid = uuid.UUID(str(session_id))
-    if guard not in GUARDS:
-        raise ValueError(f"unknown append guard {guard!r}")
-    catalogue.validate(kind, data)
-    track = not connection.in_atomic_block
-    event: AppendedEvent | None = None
-    if connection.vendor == "postgresql" and track:
-        dispatcher.begin(sid)
-        try:
-            event = _insert_if(sid, kind, data, fence, guard)
-        finally:
-            dispatcher.end(sid, event)
-        if event is not None:
-            from sessions_app import hints
-
-            hints.publish_event(sid, event.seq)
-        return event
-    try:
-        with transaction.atomic():
-            event = _insert_if(sid, kind, data, fence, guard)
-            if event is not None:
-                if track:
-                    dispatcher.reserve(sid, event.seq)
-                transaction.on_commit(lambda e=event: _after_commit(e), robust=True)  # type: ignore[misc]
-    except BaseException:
-        if track and event is not None:
-            dispatcher.release(sid, [event.seq])
-        raise
-    return event
+    events = append_many(session_id, [(kind, data)], fence=fence, guard=guard)
+    return events[0] if events else None
 
 
 def _append_autocommit(sid: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:

@@ -68,6 +68,12 @@ class Driving:
     policy_seq: int | None = None
 
 
+def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
+    """Driving from a row read under the session lock (log.locked's tx.row)."""
+    overrides = {role: row[f"model_{role}"] for role in MODEL_ROLES if row[f"model_{role}"]}
+    return Driving(profile, row["compacted_seq"], bool(row["title"]), overrides, row["policy_seq"])
+
+
 @dataclass
 class Lease:
     session_id: uuid.UUID
@@ -75,7 +81,7 @@ class Lease:
     gen: int
     ttl: float
     head: Head
-    driving: Driving = field(default_factory=lambda: Driving(None, None, False, {}))
+    driving: Driving
     lost: threading.Event = field(default_factory=threading.Event)
     # When this process last pushed the expiry out (claim, renewal): the
     # keeper renews only leases that are a third of their ttl old.
@@ -201,38 +207,39 @@ def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
     return Head(row[0], row[1], row[2], row[3]) if row else None
 
 
-def renew(lease: Lease) -> bool:
-    return any(r is lease for r in renew_many([lease]))
-
-
 def renew_many(held: list[Lease]) -> list[Lease]:
-    """Push out the expiry of every lease still ours, in one statement per
-    100; returns those renewed and flags the others lost."""
+    """Push out the expiry of every lease still ours, one statement per ttl
+    and 100 leases; returns those renewed and flags the others lost."""
+    by_ttl: dict[float, list[Lease]] = {}
+    for lease in held:
+        by_ttl.setdefault(lease.ttl, []).append(lease)
     renewed: list[Lease] = []
-    for start in range(0, len(held), 100):
-        chunk = held[start : start + 100]
-        now = timezone.now()
-        expires = max(now + timedelta(seconds=lease.ttl) for lease in chunk)
-        pairs = ", ".join("(%s, %s)" for _ in chunk)
-        params: list[Any] = []
-        for lease in chunk:
-            params.extend(_params(lease.session_id, lease.gen))
-        # A mixed chunk gets its longest ttl: the keeper renews again well
-        # before any of them could lapse.
-        with connection.cursor() as cur:
-            cur.execute(
-                f"UPDATE {_SESSION} SET lease_expires_at = %s WHERE (id, lease_gen) IN (VALUES {pairs}) "
-                "RETURNING id, lease_gen",
-                [*_params(expires), *params],
-            )
-            ours = {(uuid.UUID(str(sid)), int(gen)) for sid, gen in cur.fetchall()}
-        at = time.monotonic()
-        for lease in chunk:
-            if (lease.session_id, lease.gen) in ours:
-                lease.renewed_at = at
-                renewed.append(lease)
-            else:
-                lease.lost.set()
+    for ttl, same in by_ttl.items():
+        for start in range(0, len(same), 100):
+            renewed += _renew_chunk(same[start : start + 100], ttl)
+    return renewed
+
+
+def _renew_chunk(chunk: list[Lease], ttl: float) -> list[Lease]:
+    pairs = ", ".join("(%s, %s)" for _ in chunk)
+    params: list[Any] = _params(timezone.now() + timedelta(seconds=ttl))
+    for lease in chunk:
+        params.extend(_params(lease.session_id, lease.gen))
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {_SESSION} SET lease_expires_at = %s WHERE (id, lease_gen) IN (VALUES {pairs}) "
+            "RETURNING id, lease_gen",
+            params,
+        )
+        ours = {(uuid.UUID(str(sid)), int(gen)) for sid, gen in cur.fetchall()}
+    at = time.monotonic()
+    renewed = []
+    for lease in chunk:
+        if (lease.session_id, lease.gen) in ours:
+            lease.renewed_at = at
+            renewed.append(lease)
+        else:
+            lease.lost.set()
     return renewed
 
 

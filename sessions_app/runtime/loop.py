@@ -118,6 +118,9 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[str, TurnRun
             from sessions_app.services import _open_turn
 
             turn_seq = _open_turn(tx, None, "")
+            # The row as the turn opens, not as claimed: a policy or model
+            # change in between precedes the turn, so load() would not see it.
+            lease.driving = leases.driving_from_row(profile, tx.row)
     runner = TurnRunner(sid, profile, lease)
     return runner.run(turn_seq), runner
 
@@ -209,7 +212,8 @@ class TurnRunner:
         self.spec = ""
         self.buffer: list[tuple[str, dict[str, Any]]] = []
         # The session's policy head as of this runner's last commit: the claim
-        # returned it, and a foreign policy/updated shows up at the next flush.
+        # (or the turn's opening) gave it, and a foreign policy/updated shows
+        # up at the next flush.
         self.policy_seq = lease.driving.policy_seq
         # For the post-turn work, so it need not read them back.
         self.first_user_text: str | None = None
@@ -239,15 +243,19 @@ class TurnRunner:
         for e in new:
             if e.kind in MODEL_VISIBLE and e.kind != "session/compacted":
                 self.messages.append(render(e.kind, e.data))
-            elif e.kind == "model/updated" and e.data["role"] == "main":
-                self.spec = e.data["spec"]
-            elif e.kind == "step/end" and e.data.get("usage"):
-                self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
-            elif e.kind == "policy/updated":
-                self.policy_seq = e.seq
+            self.track(e)
         self.events.extend(new)
         if new:
             self.seen = new[-1].seq
+
+    def track(self, e: LoggedEvent) -> None:
+        """What the runner keeps of its turn's events besides the messages."""
+        if e.kind == "model/updated" and e.data["role"] == "main":
+            self.spec = e.data["spec"]
+        elif e.kind == "step/end" and e.data.get("usage"):
+            self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
+        elif e.kind == "policy/updated":
+            self.policy_seq = e.seq
 
     def load(self, turn_seq: int) -> None:
         """The open turn and the model's view in one indexed read: from the
@@ -269,10 +277,10 @@ class TurnRunner:
             if seq >= turn_seq:
                 self.events.append(LoggedEvent(seq, kind, data))
         self.seen = self.events[-1].seq if self.events else turn_seq
-        for e in self.events:
-            if e.kind == "step/end" and e.data.get("usage"):
-                self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
         self.spec = resolve_spec("main", self.profile, overrides=driving.overrides) or ""
+        self.policy_seq = driving.policy_seq
+        for e in self.events:
+            self.track(e)
 
     def facts(self) -> TurnFacts:
         return TurnFacts(
@@ -380,8 +388,9 @@ class TurnRunner:
             return self.end("completed")
         if all(self.is_local(call) for call in reply.tool_calls):
             # Nothing but local calls: no commit before them (see
-            # Definition.local); the message keeps its provisional seq.
-            message = self.state().events[-1]
+            # Definition.local); the message keeps its provisional seq, the
+            # last of the buffer's.
+            message = LoggedEvent(self.seen + len(self.buffer), "assistant/message", self.buffer[-1][1])
         else:
             (appended,) = self.flush()[-1:]
             message = LoggedEvent(appended.seq, appended.kind, appended.data)

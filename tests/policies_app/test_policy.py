@@ -234,3 +234,33 @@ def test_update_between_two_calls_of_one_step_vetoes_the_second(
     )
     assert [(r["name"], r["is_error"]) for r in results] == [("debug.sleep", False), ("clock.now", True)]
     assert "session's allow-list" in results[1]["content"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_between_the_claim_and_the_turns_opening_is_in_force(
+    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+) -> None:
+    """A worker claims an idle session with queued wake input, a policy update
+    commits, then the worker opens the turn. The update precedes the turn (so
+    the turn's load never reads it) yet must veto the turn's first call."""
+    from sessions_app.runtime import lease
+    from sessions_app.runtime.loop import _drive_with_lease
+
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="late-policy", roles={"main": "test/model"}, builtin_tools=["debug.sleep"], allow_floor=["*"]
+    )
+    session = sessions.create_session(make_user("late"), profile)
+    log.append(session.id, "input/queued", {"text": "go", "wake": True})
+    held = lease.claim(session.id)
+    assert held is not None and held.driving.policy_seq is None
+    try:
+        services.update_policy(session.id, ["clock.*"], user=session.owner)
+        fake_llm.script(Reply(tool_calls=[("debug.sleep", {"seconds": 0})]), Reply(text="done"))
+        outcome, _ = _drive_with_lease(session.id, held)
+    finally:
+        lease.release(held)
+    assert outcome == "ended"
+    (result,) = Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True)
+    assert result["is_error"] and "session's allow-list" in result["content"]

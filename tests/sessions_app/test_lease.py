@@ -130,3 +130,18 @@ def test_the_first_sweep_of_a_process_takes_unclaimed_turns_at_once(session: Ses
     assert str(session.id) not in sweep()
     # A process starting now: an in-process queue holding its wake-up is gone.
     assert str(session.id) in sweep(at_start=True)
+
+
+def test_renewal_gives_each_lease_its_own_ttl(session: Session, make_user: Any, profile: Any) -> None:
+    other = services.create_session(make_user(), profile)
+    short, long = lease.claim(session.id, ttl=1.0), lease.claim(other.id, ttl=60.0)
+    assert short is not None and long is not None
+    for held in (short, long):
+        lease.keeper.drop(held)
+    assert lease.renew_many([short, long]) == [short, long]
+    now = timezone.now()
+    short_until = Session.objects.get(id=session.id).lease_expires_at - now
+    long_until = Session.objects.get(id=other.id).lease_expires_at - now
+    assert short_until < timedelta(seconds=1.5) < timedelta(seconds=55) < long_until
+    lease.release(short)
+    lease.release(long)
