@@ -266,11 +266,27 @@ def _set_clause(
 
 
 # Conditions on the session row that a guarded append (append_if) may demand.
+# A guard is a key, or (key, value) for one that compares with a value.
 GUARDS: dict[str, str] = {
     "untitled": "title = ''",
     # No open turn and nothing queued: a wake may open a turn with its own text only.
     "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq",
+    # The policy head is still the given policy/updated seq (0: none yet).
+    "policy_at": "COALESCE(policy_seq, 0) = %s",
 }
+Guard = str | tuple[str, Any]
+
+
+def _guard_sql(guard: Guard) -> tuple[str, list[Any]]:
+    """The guard's condition and its parameters; ValueError for an unknown
+    key or a wrong number of values."""
+    name, values = (guard, []) if isinstance(guard, str) else (guard[0], [guard[1]])
+    sql = GUARDS.get(name)
+    if sql is None:
+        raise ValueError(f"unknown append guard {name!r}")
+    if sql.count("%s") != len(values):
+        raise ValueError(f"append guard {name!r} takes {sql.count('%s')} value(s)")
+    return sql, values
 
 
 def _insert(session_id: uuid.UUID, kind: str, data: dict[str, Any], fence: Fence | None) -> AppendedEvent:
@@ -285,7 +301,7 @@ def _insert_if(
     kind: str,
     data: dict[str, Any],
     fence: Fence | None,
-    guard: str | None,
+    guard: Guard | None,
     now: datetime | None = None,
 ) -> AppendedEvent | None:
     """_insert, or None (nothing written) when the row fails `guard`. The
@@ -305,7 +321,9 @@ def _insert_if(
         where += " AND lease_gen = %s"
         where_params.append(fence.gen)
     if guard is not None:
-        where += f" AND {GUARDS[guard]}"
+        guard_sql, guard_params = _guard_sql(guard)
+        where += f" AND {guard_sql}"
+        where_params.extend(guard_params)
     if pg:
         # One round trip: the UPDATE takes the row lock and yields the seq;
         # a kind's extra writes ride along as data-modifying CTEs.
@@ -510,10 +528,10 @@ def append_if(
     kind: str,
     data: dict[str, Any],
     *,
-    guard: str,
+    guard: Guard,
     fence: Fence | None = None,
 ) -> AppendedEvent | None:
-    """Append one event only while the session row meets `guard` (a key of
+    """Append one event only while the session row meets `guard` (see
     GUARDS), decided by the append's own row lock: a check-then-act in one
     statement. Returns None, having written nothing, when the guard fails."""
     events = append_many(session_id, [(kind, data)], fence=fence, guard=guard)
@@ -543,7 +561,7 @@ def append_many(
     items: list[tuple[str, dict[str, Any]]],
     *,
     fence: Fence | None = None,
-    guard: str | None = None,
+    guard: Guard | None = None,
 ) -> list[AppendedEvent]:
     """Append several events atomically, in order, on consecutive seqs.
 
@@ -551,31 +569,68 @@ def append_many(
     one round trip and one commit for the lot (the turn loop batches what it
     appends between two external effects). Elsewhere, or when two of the
     events would update the same projection column, the events are inserted
-    one by one inside a single transaction. With `guard` (a key of GUARDS)
+    one by one inside a single transaction. With `guard` (see GUARDS)
     the batch is written only if the session row meets it, decided under the
     append's own row lock; an empty list means it did not, and nothing was
     written."""
     sid = uuid.UUID(str(session_id))
     if not items:
         return []
-    if guard is not None and guard not in GUARDS:
-        raise ValueError(f"unknown append guard {guard!r}")
-    for kind, data in items:
-        catalogue.validate(kind, data)
     if len(items) == 1 and guard is None:
         return [append(sid, items[0][0], items[0][1], fence=fence)]
+    return _append_many(sid, items, fence, guard, release=False)[0]
+
+
+# The session's head as a releasing append leaves it (see append_releasing).
+HEAD_COLUMNS = ("open_turn_seq", "pending_approvals", "inbox_seq", "last_input_seq")
+
+
+def append_releasing(
+    session_id: uuid.UUID | str,
+    items: list[tuple[str, dict[str, Any]]],
+    *,
+    fence: Fence,
+    guard: Guard | None = None,
+) -> tuple[list[AppendedEvent], tuple[Any, ...] | None]:
+    """append_many that also gives up the lease `fence` holds, in the same
+    commit (a turn's last batch: on Postgres one statement instead of two).
+    Returns the events and the session's HEAD_COLUMNS as left; ([], None)
+    when the guard failed, in which case the lease is still held."""
+    return _append_many(uuid.UUID(str(session_id)), items, fence, guard, release=True)
+
+
+def _check(items: list[tuple[str, dict[str, Any]]], guard: Guard | None) -> None:
+    if guard is not None:
+        _guard_sql(guard)  # fail before writing anything
+    for kind, data in items:
+        catalogue.validate(kind, data)
+
+
+def _append_many(
+    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None, guard: Guard | None, *, release: bool
+) -> tuple[list[AppendedEvent], tuple[Any, ...] | None]:
+    if not items:
+        return [], None
+    _check(items, guard)
+    if release and fence is None:
+        raise ValueError("a releasing append needs the lease's fence")
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        statement = _batch_statement(sid, items, fence, guard)
+        statement = _batch_statement(sid, items, fence, guard, release)
         if statement is not None:
-            return _append_batch_autocommit(sid, items, statement, fence, guard)
-    return _append_batch_atomic(sid, items, fence, guard)
+            return _append_batch_autocommit(sid, items, statement, fence, guard, release)
+    return _append_batch_atomic(sid, items, fence, guard, release)
 
 
 def _append_batch_atomic(
-    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None, guard: str | None = None
-) -> list[AppendedEvent]:
+    sid: uuid.UUID,
+    items: list[tuple[str, dict[str, Any]]],
+    fence: Fence | None,
+    guard: Guard | None = None,
+    release: bool = False,
+) -> tuple[list[AppendedEvent], tuple[Any, ...] | None]:
     track = not connection.in_atomic_block
     events: list[AppendedEvent] = []
+    head: tuple[Any, ...] | None = None
     now = timezone.now()
     try:
         with transaction.atomic():
@@ -583,20 +638,32 @@ def _append_batch_atomic(
                 # The first insert takes the row lock; the guard is decided there.
                 event = _insert_if(sid, kind, data, fence, guard if i == 0 else None, now)
                 if event is None:
-                    return []
+                    return [], None
                 if track:
                     dispatcher.reserve(sid, event.seq)
                 events.append(event)
                 transaction.on_commit(lambda e=event: _after_commit(e), robust=True)  # type: ignore[misc]
+            if release and fence is not None:
+                with connection.cursor() as cur:
+                    cur.execute(
+                        f"UPDATE {_SESSION} SET lease_owner = '', lease_expires_at = NULL "
+                        f"WHERE id = %s AND lease_gen = %s RETURNING {', '.join(HEAD_COLUMNS)}",
+                        [sid if connection.vendor == "postgresql" else sid.hex, fence.gen],
+                    )
+                    head = cur.fetchone()
     except BaseException:
         if track:
             dispatcher.release(sid, [e.seq for e in events])
         raise
-    return events
+    return events, head
 
 
 def _batch_statement(
-    sid: uuid.UUID, items: list[tuple[str, dict[str, Any]]], fence: Fence | None, guard: str | None = None
+    sid: uuid.UUID,
+    items: list[tuple[str, dict[str, Any]]],
+    fence: Fence | None,
+    guard: Guard | None = None,
+    release: bool = False,
 ) -> tuple[str, list[Any], list[str], datetime] | None:
     """The single UPDATE-then-INSERT statement for a batch, or None when the
     events' projections collide (Postgres refuses two assignments to one
@@ -622,7 +689,9 @@ def _batch_statement(
             if extras:
                 return None
             extras = spec.extra(data)  # noqa: S610
-    if fence is not None:
+    if release:
+        parts += ["lease_owner = ''", "lease_expires_at = NULL"]
+    elif fence is not None:
         parts.append("lease_expires_at = %s")
         params.append(now + timedelta(seconds=fence.ttl))
     where = "id = %s"
@@ -631,19 +700,27 @@ def _batch_statement(
         where += " AND lease_gen = %s"
         params.append(fence.gen)
     if guard is not None:
-        where += f" AND {GUARDS[guard]}"
+        guard_sql, guard_params = _guard_sql(guard)
+        where += f" AND {guard_sql}"
+        params.extend(guard_params)
     returning, ctes, extra_params = _extra_ctes(extras, now)
     params.extend(extra_params)
     values = ", ".join("(%s::int, %s::text, %s::text)" for _ in items)
     for i, ((kind, _), payload) in enumerate(zip(items, payloads, strict=True), start=1):
         params.extend([i, kind, payload])
     params.extend([sid, now])
-    sql = (
-        f"WITH s AS (UPDATE {_SESSION} SET {', '.join(parts)} WHERE {where} RETURNING last_seq{returning}){ctes} "
+    insert = (
         f"INSERT INTO {_EVENT} (session_id, seq, kind, data, created_at) "
         f"SELECT %s, s.last_seq - {n} + v.i, v.kind, v.data::jsonb, %s FROM s, (VALUES {values}) AS v(i, kind, data) "
         "RETURNING seq"
     )
+    if release:
+        # The session's head as left rides out with the seqs.
+        returning += ", " + ", ".join(HEAD_COLUMNS)
+        insert = f"ins AS ({insert}) SELECT ins.seq, {', '.join(f's.{c}' for c in HEAD_COLUMNS)} FROM ins, s"
+        ctes += ","
+    update = f"UPDATE {_SESSION} SET {', '.join(parts)} WHERE {where} RETURNING last_seq{returning}"
+    sql = f"WITH s AS ({update}){ctes} {insert}"
     # The VALUES params come before the SELECT-list params in the text.
     head = params[: len(params) - 2 - 3 * n]
     tail_values = params[len(params) - 2 - 3 * n : len(params) - 2]
@@ -656,16 +733,18 @@ def _append_batch_autocommit(
     items: list[tuple[str, dict[str, Any]]],
     statement: tuple[str, list[Any], list[str], datetime],
     fence: Fence | None,
-    guard: str | None = None,
-) -> list[AppendedEvent]:
+    guard: Guard | None = None,
+    release: bool = False,
+) -> tuple[list[AppendedEvent], tuple[Any, ...] | None]:
     sql, params, _, now = statement
     events: list[AppendedEvent] = []
     dispatcher.begin(sid)
     try:
-        seqs = sorted(int(row[0]) for row in pg_rows(sql, params))
+        rows = pg_rows(sql, params)
+        seqs = sorted(int(row[0]) for row in rows)
         if not seqs:
             if guard is not None and _guard_failed(sid, fence):
-                return []
+                return [], None
             _raise_missing(sid, fence)
         events = [AppendedEvent(sid, seq, kind, data, now) for seq, (kind, data) in zip(seqs, items, strict=True)]
     finally:
@@ -673,4 +752,4 @@ def _append_batch_autocommit(
     from sessions_app import hints
 
     hints.publish_event(sid, events[-1].seq)
-    return events
+    return events, (tuple(rows[0][1:]) if release else None)

@@ -159,6 +159,9 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+if REDIS_URL:
+    # kombu's Redis transport, reusing one client per channel (see the module).
+    CELERY_BROKER_TRANSPORT = "terret_site.broker:Transport"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 # No task stores a result. Without this Celery builds a backend object per

@@ -30,8 +30,9 @@ class CallContext:
     definition: Definition
     args: dict[str, Any]
     # The seq of the session's policy/updated in force (None: none yet), when
-    # the caller knows it as of a commit made right before this call; a
-    # caller that does not leaves policy_known False and the policy is read.
+    # the caller knows it from its own latest commit (a turn runner: see
+    # TurnRunner.flush for why that is enough); a caller that does not leaves
+    # policy_known False and the policy is read.
     policy_known: bool = False
     policy_seq: int | None = None
 

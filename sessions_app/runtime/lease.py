@@ -27,7 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions_app.events import MODEL_ROLES
-from sessions_app.log import Fence, SessionNotFound, pg_rows
+from sessions_app.log import HEAD_COLUMNS, Fence, SessionNotFound, pg_rows
 from sessions_app.models import Agent, AgentProfile, Session
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Lease:
         return Fence(self.gen, self.ttl)
 
 
-_HEAD = "open_turn_seq, pending_approvals, inbox_seq, last_input_seq"
+_HEAD = ", ".join(HEAD_COLUMNS)
 _DRIVING = "compacted_seq, title, policy_seq, " + ", ".join(f"model_{role}" for role in MODEL_ROLES)
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table
@@ -205,6 +205,12 @@ def release(lease: Lease, *, retry_after: float | None = None) -> Head | None:
             cur.execute(sql, params)
             row = cur.fetchone()
     return Head(row[0], row[1], row[2], row[3]) if row else None
+
+
+def released(lease: Lease, head: tuple[Any, ...]) -> Head:
+    """The lease was given up by its holder's last append (log.append_releasing)."""
+    keeper.drop(lease)
+    return Head(*head)
 
 
 def renew_many(held: list[Lease]) -> list[Lease]:

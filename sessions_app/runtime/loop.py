@@ -86,8 +86,11 @@ def _drive(sid: uuid.UUID) -> tuple[str, TurnFacts | None]:
         except LeaseLost:
             outcome = "lost"
         finally:
-            retry_after = RESUME_BACKOFF_SECONDS if outcome == "resume_failed" else None
-            head = leases.release(lease, retry_after=retry_after)
+            if runner is not None and runner.released is not None:
+                head = runner.released  # its last commit gave the lease up
+            else:
+                retry_after = RESUME_BACKOFF_SECONDS if outcome == "resume_failed" else None
+                head = leases.release(lease, retry_after=retry_after)
         if outcome == "ended" and runner is not None:
             ended = runner.facts()
         if outcome in ("lost", "resume_failed", "no_agent") or head is None or not has_work(sid, head):
@@ -215,6 +218,13 @@ class TurnRunner:
         # (or the turn's opening) gave it, and a foreign policy/updated shows
         # up at the next flush.
         self.policy_seq = lease.driving.policy_seq
+        # Local calls whose results sit in the buffer, decided on the policy
+        # head of the last commit without reading it: (buffer index of the
+        # result, call, definition, args). The flush that commits them is
+        # guarded on that head (see flush).
+        self.decided: list[tuple[int, ToolCall, Definition, dict[str, Any]]] = []
+        # The head as the turn/end commit left it, which also gave up the lease.
+        self.released: leases.Head | None = None
         # For the post-turn work, so it need not read them back.
         self.first_user_text: str | None = None
         self.last_prompt_tokens: int | None = None
@@ -224,12 +234,37 @@ class TurnRunner:
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         self.buffer.append((kind, data))
 
-    def flush(self) -> list[AppendedEvent]:
-        """Commit the buffer; catch up with foreign events if there were any."""
-        if not self.buffer:
+    def flush(self, *, release: bool = False) -> list[AppendedEvent]:
+        """Commit the buffer; catch up with foreign events if there were any.
+
+        Buffered results of local calls were allowed or vetoed on the policy
+        head of the previous commit, so the commit is guarded on that head: if
+        a policy/updated landed meanwhile, nothing is written, the runner
+        catches up and decides those calls again under the new policy (they
+        are local and read-only, so running one again is harmless), and
+        retries. Either way every call in the log was judged by the policy
+        that precedes it there.
+
+        With `release`, the commit also gives up the lease (the turn's last)."""
+        while self.buffer:
+            guard = ("policy_at", self.policy_seq or 0) if self.decided else None
+            if release:
+                appended, head = log.append_releasing(self.sid, self.buffer, fence=self.lease.fence, guard=guard)
+                if head is not None:
+                    self.released = leases.released(self.lease, head)
+            else:
+                appended = log.append_many(self.sid, self.buffer, fence=self.lease.fence, guard=guard)
+            if appended:
+                break
+            before = self.policy_seq
+            self.refresh()
+            if self.policy_seq == before:  # the guard failed on a head the log does not show
+                raise RuntimeError(f"session {self.sid}: policy head moved without a policy/updated event")
+            for at, call, defn, args in self.decided:
+                self.buffer[at] = self.local_result(call, defn, args)
+        else:
             return []
-        batch, self.buffer = self.buffer, []
-        appended = log.append_many(self.sid, batch, fence=self.lease.fence)
+        self.buffer, self.decided = [], []
         if appended[0].seq == self.seen + 1:
             self.observe([LoggedEvent(e.seq, e.kind, e.data) for e in appended])
         else:
@@ -299,7 +334,7 @@ class TurnRunner:
 
     def end(self, status: str, error: str = "") -> str:
         self.emit("turn/end", {"status": status, "error": error} if error else {"status": status})
-        self.flush()
+        self.flush(release=True)
         return "ended"
 
     # -- the turn
@@ -441,17 +476,17 @@ class TurnRunner:
         if not isinstance(args, dict):
             return self.result(call, "arguments must be a JSON object", True)
         if self.is_local(call):
-            # Nothing is committed before a local call, so the runner's
-            # policy head may predate the model call: the veto reads it.
-            ctx = hooks.CallContext(self.sid, self.profile, defn, args)
-        else:
-            # Commit what is buffered first: the flush is also what reveals a
-            # policy/updated committed meanwhile by anyone (a foreign event
-            # shows up as a gap in the seqs), so the veto sees every update
-            # committed before it without reading the session row itself.
-            self.flush()
-            ctx = hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.policy_seq)
-        veto = hooks.first_veto(ctx)
+            # Decided on the policy head of the last commit, unread; the
+            # commit of the result checks that head (see flush).
+            self.decided.append((len(self.buffer), call, defn, args))
+            self.buffer.append(self.local_result(call, defn, args))
+            return "done"
+        # Commit what is buffered first: the flush is also what reveals a
+        # policy/updated committed meanwhile by anyone (a foreign event shows
+        # up as a gap in the seqs), so the veto sees every update committed
+        # before it without reading the session row itself.
+        self.flush()
+        veto = hooks.first_veto(self.call_context(defn, args))
         if veto:
             return self.result(call, f"vetoed: {veto}", True)
         # Verdicts bind to this call: same id, tool and args, asked after its message.
@@ -469,18 +504,32 @@ class TurnRunner:
             return self.result(call, f"denied: {decision.reason}", True)
         return self.execute(defn, call)
 
+    def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
+        return hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.policy_seq)
+
+    def local_result(self, call: ToolCall, defn: Definition, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The tool/result of a local call under the runner's policy head (a
+        local call never asks for approval: see is_local)."""
+        from sessions_app.tools.executor import execute
+
+        veto = hooks.first_veto(self.call_context(defn, args))
+        if veto:
+            return _result(call, f"vetoed: {veto}", True)
+        workspace = settings.TERRET_WORKSPACE_ROOT / self.sid.hex
+        outcome = execute(defn, ToolContext(self.sid, call.id, workspace), call.arguments)
+        return _result(call, outcome.content, outcome.is_error)
+
     def execute(self, defn: Definition, call: ToolCall) -> str:
         from sessions_app.tools.executor import execute
 
-        if not defn.local:
-            self.flush()  # earlier results are durable before this tool runs
-            connection.close()  # tools may be slow; hold no connection meanwhile
+        self.flush()  # earlier results are durable before this tool runs
+        connection.close()  # tools may be slow; hold no connection meanwhile
         workspace = settings.TERRET_WORKSPACE_ROOT / self.sid.hex
         outcome = execute(defn, ToolContext(self.sid, call.id, workspace), call.arguments)
         return self.result(call, outcome.content, outcome.is_error)
 
     def result(self, call: ToolCall, content: str, is_error: bool) -> str:
-        self.emit("tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
+        self.buffer.append(_result(call, content, is_error))
         return "done"
 
     # -- cancel
@@ -497,6 +546,10 @@ class TurnRunner:
             usage = message.data.get("usage") if message else None
             self.emit("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step})
         return self.end("cancelled")
+
+
+def _result(call: ToolCall, content: str, is_error: bool) -> tuple[str, dict[str, Any]]:
+    return "tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
 
 
 def _assistant_payload(reply: ModelReply) -> dict[str, Any]:

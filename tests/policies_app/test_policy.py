@@ -264,3 +264,100 @@ def test_update_between_the_claim_and_the_turns_opening_is_in_force(
     assert outcome == "ended"
     (result,) = Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True)
     assert result["is_error"] and "session's allow-list" in result["content"]
+
+
+def _drive_and_update_during_the_model_call(session: Session, patterns: list[str]) -> None:
+    """Drive one turn in a thread; while its first model call is in flight
+    (after the step/start commit), commit a policy update."""
+    import threading
+
+    sessions.run_turn(session.id, "go")
+    worker = threading.Thread(target=drive, args=(session.id,))
+    worker.start()
+    try:
+        for _ in range(500):
+            if Event.objects.filter(session=session, kind="step/start").exists():
+                break
+            threading.Event().wait(0.01)
+        assert not Event.objects.filter(session=session, kind="assistant/message").exists()
+        services.update_policy(session.id, patterns, user=session.owner)
+    finally:
+        worker.join(30)
+    assert not worker.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_during_the_model_call_rejudges_the_steps_local_calls(
+    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+) -> None:
+    """Local calls are decided on the policy head of the runner's last commit
+    (no read) and their results are committed under a guard on that head. An
+    update that lands in between makes that commit write nothing; the calls
+    are judged again under the update, which then precedes them in the log."""
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="local-calls", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]
+    )
+    session = sessions.create_session(make_user("local"), profile)
+    fake_llm.script(Reply(tool_calls=[("clock.now", {}), ("debug.noop", {})], latency=0.5), Reply(text="done"))
+    _drive_and_update_during_the_model_call(session, ["debug.*"])
+    rows = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "kind", "data"))
+    kinds = [k for _, k, _ in rows]
+    assert kinds.count("assistant/message") == 2 and kinds[-1] == "turn/end"
+    assert rows[-1][2] == {"status": "completed"}
+    policy_at = next(seq for seq, k, _ in rows if k == "policy/updated")
+    message_at = next(seq for seq, k, _ in rows if k == "assistant/message")
+    assert policy_at < message_at
+    results = [d for _, k, d in rows if k == "tool/result"]
+    assert [(r["name"], r["is_error"]) for r in results] == [("clock.now", True), ("debug.noop", False)]
+    assert "session's allow-list" in results[0]["content"]
+    seqs = [seq for seq, _, _ in rows]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_update_during_the_model_call_can_allow_a_local_call_the_old_policy_vetoed(
+    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+) -> None:
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="local-allow", roles={"main": "test/model"}, builtin_tools=["clock.now"], allow_floor=["debug.*"]
+    )
+    session = sessions.create_session(make_user("allow"), profile)
+    fake_llm.script(Reply(tool_calls=[("clock.now", {})], latency=0.5), Reply(text="done"))
+    _drive_and_update_during_the_model_call(session, ["clock.*"])
+    (result,) = Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True)
+    assert result["is_error"] is False and result["content"].startswith("20")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any) -> None:
+    """Without an update, a step of local calls costs its one batched commit
+    and nothing else: no statement reads the session's policy head."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from sessions_app.runtime.loop import _drive
+
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    profile = AgentProfile.objects.create(
+        name="no-read", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]
+    )
+    session = sessions.create_session(make_user("noread"), profile)
+    services.update_policy(session.id, ["debug.*"], user=session.owner)
+    fake_llm.script(Reply(tool_calls=[("debug.noop", {})]), Reply(tool_calls=[("clock.now", {})]), Reply(text="done"))
+    sessions.run_turn(session.id, "go")
+    with CaptureQueriesContext(connection) as queries:
+        outcome, _ = _drive(session.id)
+    assert outcome == "ended"
+    results = list(Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True))
+    assert [r["is_error"] for r in results] == [False, True]  # the session's policy was applied
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not [s for s in statements if "policy_seq" in s and s.lstrip().upper().startswith("SELECT")]
+    if connection.vendor == "postgresql":
+        # claim, load, the first step/start, one commit per step (each with
+        # the next step/start; the last with turn/end and the lease's release).
+        assert len(statements) == 2 + 1 + 3, statements

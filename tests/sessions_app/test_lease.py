@@ -145,3 +145,52 @@ def test_renewal_gives_each_lease_its_own_ttl(session: Session, make_user: Any, 
     assert short_until < timedelta(seconds=1.5) < timedelta(seconds=55) < long_until
     lease.release(short)
     lease.release(long)
+
+
+def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session: Session) -> None:
+    """log.append_releasing: the turn's last batch and the release together.
+    The head it returns is the row as left; a superseded fence writes nothing
+    and releases nothing."""
+    from sessions_app.log import HEAD_COLUMNS, LeaseLost
+
+    services.run_turn(session.id, "go")
+    held = lease.claim(session.id)
+    assert held is not None
+    # Two events that set the same projection column take the one-by-one path
+    # on Postgres too (as SQLite always does); both paths release.
+    for batch in (
+        [("turn/end", {"status": "completed"})],
+        [("session/titled", {"title": "a"}), ("session/titled", {"title": "b"})],
+    ):
+        events, head = log.append_releasing(session.id, batch, fence=held.fence)
+        assert [e.kind for e in events] == [k for k, _ in batch]
+        assert head is not None
+        row = Session.objects.filter(id=session.id).values(*HEAD_COLUMNS, "lease_owner", "lease_expires_at").get()
+        assert dict(zip(HEAD_COLUMNS, head, strict=True)) == {c: row[c] for c in HEAD_COLUMNS}
+        assert row["open_turn_seq"] is None
+        assert row["lease_owner"] == "" and row["lease_expires_at"] is None
+        assert lease.released(held, head).open_turn_seq is None
+        assert (session.id, held.gen) not in lease.keeper._held
+    taken = lease.claim(session.id)
+    assert taken is not None and taken.gen == held.gen + 1
+    last = Session.objects.get(id=session.id).last_seq
+    with pytest.raises(LeaseLost):
+        log.append_releasing(session.id, [("session/titled", {"title": "late"})], fence=held.fence)
+    row = Session.objects.filter(id=session.id).values("last_seq", "lease_owner").get()
+    assert row == {"last_seq": last, "lease_owner": taken.owner}
+    lease.release(taken)
+
+
+def test_a_turn_ends_with_its_lease_released_by_the_last_commit(session: Session, fake_llm: Any) -> None:
+    from sessions_app.runtime.loop import TurnRunner
+    from tests.fakes.fake_llm import Reply
+
+    fake_llm.script(Reply(text="done"))
+    services.run_turn(session.id, "go")
+    held = lease.claim(session.id)
+    assert held is not None and held.head.open_turn_seq is not None and held.driving.profile is not None
+    runner = TurnRunner(session.id, held.driving.profile, held)
+    assert runner.run(held.head.open_turn_seq) == "ended"
+    assert runner.released is not None and runner.released.open_turn_seq is None
+    row = Session.objects.filter(id=session.id).values("lease_owner", "lease_expires_at", "lease_gen").get()
+    assert row == {"lease_owner": "", "lease_expires_at": None, "lease_gen": held.gen}

@@ -101,3 +101,22 @@ def test_racing_guarded_titles_land_once(make_session: Any) -> None:
     assert kinds(s) == ["session/titled"]
     s.refresh_from_db()
     assert s.title == landed[0].data["title"]
+
+
+def test_the_policy_head_guard_compares_with_a_value(make_session: Any) -> None:
+    """("policy_at", seq): the batch is written only while the session's
+    policy head is that policy/updated seq (0: none yet)."""
+    s = make_session()
+    batch = [("user/message", {"text": "a"}), ("context/injected", {"text": "b"})]
+    assert len(log.append_many(s.id, batch, guard=("policy_at", 0))) == 2
+    policy = log.append(s.id, "policy/updated", {"patterns": ["clock.*"], "by": "owner"})
+    assert log.append_many(s.id, batch, guard=("policy_at", 0)) == []
+    assert log.append_many(s.id, batch, guard=("policy_at", policy.seq + 1)) == []
+    written = log.append_many(s.id, batch, guard=("policy_at", policy.seq))
+    assert [e.seq for e in written] == [policy.seq + 1, policy.seq + 2]
+    assert kinds(s) == ["user/message", "context/injected", "policy/updated", "user/message", "context/injected"]
+    with pytest.raises(ValueError, match="takes 1 value"):
+        log.append_many(s.id, batch, guard="policy_at")
+    with pytest.raises(ValueError, match="takes 0 value"):
+        log.append_many(s.id, batch, guard=("untitled", 1))
+    assert len(kinds(s)) == 5
