@@ -26,9 +26,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from sessions_app.events import MODEL_ROLES
+from sessions_app.events import MODEL_ROLES, MODEL_VISIBLE
 from sessions_app.log import HEAD_COLUMNS, Fence, SessionNotFound, pg_rows
-from sessions_app.models import Agent, AgentProfile, Session
+from sessions_app.models import Agent, AgentProfile, Event, Session
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,13 @@ class Lease:
     # When this process last pushed the expiry out (claim, renewal): the
     # keeper renews only leases that are a third of their ttl old.
     renewed_at: float = field(default_factory=time.monotonic)
+    # The open turn's view (selectors.turn_view's rows) when the claim could
+    # read it in its own statement; the runner's load takes it once.
+    view: list[tuple[int, str, dict[str, Any]]] | None = None
+
+    def take_view(self, turn_seq: int) -> list[tuple[int, str, dict[str, Any]]] | None:
+        view, self.view = self.view, None
+        return view if view is not None and self.head.open_turn_seq == turn_seq else None
 
     @property
     def fence(self) -> Fence:
@@ -128,23 +135,26 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     update = (
         f"UPDATE {_SESSION} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s "
         "WHERE id = %s AND (lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s) "
-        f"RETURNING id, lease_gen, {_HEAD}, {_DRIVING}"
+        f"RETURNING id, lease_gen, {_HEAD}, {_DRIVING}, last_seq"
     )
     params = _params(me, now + timedelta(seconds=ttl), session_id, now)
-    width = 6 + 3 + len(MODEL_ROLES)
+    width = 6 + 3 + len(MODEL_ROLES) + 1  # the RETURNING list; last_seq is its last
+    view: list[tuple[int, str, dict[str, Any]]] | None = None
+    profile_row: tuple[Any, ...] | None = None
     if connection.vendor == "postgresql":
         rows = pg_rows(
-            f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS} FROM c "
+            f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS}, {_VIEW} FROM c "
             f"LEFT JOIN {_AGENT} a ON a.session_id = c.id LEFT JOIN {_PROFILE} p ON p.id = a.profile_id",
-            params,
+            [*params, *_VIEW_KINDS],
         )
         row = rows[0] if rows else None
-        profile_row = row[width:] if row is not None else None
+        if row is not None:
+            profile_row = row[width:-1]
+            view = _claimed_view(row[-1], row[width - 1])
     else:
         with connection.cursor() as cur:
             cur.execute(update, params)
             row = cur.fetchone()
-            profile_row = None
             if row is not None:
                 cur.execute(
                     f"SELECT {_PROFILE_COLUMNS} FROM {_AGENT} a JOIN {_PROFILE} p ON p.id = a.profile_id "
@@ -156,11 +166,32 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
         if not Session.objects.filter(id=session_id).exists():
             raise SessionNotFound(f"no session {session_id}")
         return None
-    overrides = {role: spec for role, spec in zip(MODEL_ROLES, row[9:width], strict=True) if spec}
+    overrides = {role: spec for role, spec in zip(MODEL_ROLES, row[9 : width - 1], strict=True) if spec}
     driving = Driving(_profile(profile_row), row[6], bool(row[7]), overrides, row[8])
-    lease = Lease(session_id, me, int(row[1]), ttl, Head(row[2], row[3], row[4], row[5]), driving)
+    lease = Lease(session_id, me, int(row[1]), ttl, Head(row[2], row[3], row[4], row[5]), driving, view=view)
     keeper.hold(lease)
     return lease
+
+
+# Postgres: the open turn's view (selectors.turn_view) read by the claim's
+# own statement, saving the load's round trip. Its subquery sees the
+# statement's snapshot, which predates the row version the UPDATE locked if
+# the claim waited on the row lock; then the newest events may be missing,
+# so the view is used only if it reaches the row's last_seq (events commit
+# in seq order under that lock, so the rest is there too).
+_VIEW_KINDS = sorted(MODEL_VISIBLE)
+_VIEW = (
+    "CASE WHEN c.open_turn_seq IS NULL THEN NULL ELSE (SELECT json_agg(json_build_array(e.seq, e.kind, e.data) "
+    f"ORDER BY e.seq) FROM {Event._meta.db_table} e WHERE e.session_id = c.id "
+    "AND e.seq >= COALESCE(c.compacted_seq, 0) AND (e.seq >= c.open_turn_seq "
+    f"OR e.kind IN ({', '.join(['%s'] * len(_VIEW_KINDS))}))) END"
+)
+
+
+def _claimed_view(rows: list[list[Any]] | None, last_seq: int) -> list[tuple[int, str, dict[str, Any]]] | None:
+    if not rows or int(rows[-1][0]) != last_seq:
+        return None
+    return [(int(seq), kind, data) for seq, kind, data in rows]
 
 
 def _profile(values: tuple[Any, ...] | None) -> AgentProfile | None:

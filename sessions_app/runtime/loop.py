@@ -300,7 +300,10 @@ class TurnRunner:
         start = driving.compacted_seq or 0
         self.messages = []
         self.events = []
-        for seq, kind, data in turn_view(self.sid, start, turn_seq):
+        rows = self.lease.take_view(turn_seq)
+        if rows is None:
+            rows = turn_view(self.sid, start, turn_seq)
+        for seq, kind, data in rows:
             if kind == "session/compacted":
                 # The latest compaction replaces everything before it (one
                 # may have landed between the claim and the turn's start).

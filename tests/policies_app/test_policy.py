@@ -358,6 +358,7 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, se
     statements = [q["sql"] for q in queries.captured_queries]
     assert not [s for s in statements if "policy_seq" in s and s.lstrip().upper().startswith("SELECT")]
     if connection.vendor == "postgresql":
-        # claim, load, the first step/start, one commit per step (each with
-        # the next step/start; the last with turn/end and the lease's release).
-        assert len(statements) == 2 + 1 + 3, statements
+        # The claim (which reads the turn too), the first step/start, one
+        # commit per step (each with the next step/start; the last with
+        # turn/end and the lease's release).
+        assert len(statements) == 1 + 1 + 3, statements

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from sessions_app import log, services
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import lease
 from sessions_app.runtime.sweep import sweep
 
@@ -194,3 +194,81 @@ def test_a_turn_ends_with_its_lease_released_by_the_last_commit(session: Session
     assert runner.released is not None and runner.released.open_turn_seq is None
     row = Session.objects.filter(id=session.id).values("lease_owner", "lease_expires_at", "lease_gen").get()
     assert row == {"lease_owner": "", "lease_expires_at": None, "lease_gen": held.gen}
+
+
+@pytest.mark.postgres
+def test_the_claim_reads_the_open_turn_with_it(session: Session) -> None:
+    """On Postgres the claim's statement also returns the open turn's view,
+    so the runner's load costs no round trip; it is what turn_view reads."""
+    from sessions_app.selectors import turn_view
+
+    services.run_turn(session.id, "go")
+    held = lease.claim(session.id)
+    assert held is not None and held.head.open_turn_seq is not None
+    try:
+        expected = turn_view(session.id, 0, held.head.open_turn_seq)
+        assert held.view == expected
+        assert [kind for _, kind, _ in expected][-2:] == ["turn/start", "user/message"]
+        assert held.take_view(held.head.open_turn_seq + 1) is None  # another turn's: not used
+        assert held.view is None  # taken once
+    finally:
+        lease.release(held)
+    idle = lease.claim(session.id)
+    assert idle is not None
+    lease.release(idle)
+
+
+@pytest.mark.postgres
+def test_a_claim_that_waited_on_the_row_lock_drops_its_stale_view(session: Session, fake_llm: Any) -> None:
+    """A claim blocked on the row lock by an appender sees that append's row
+    version but, in its subquery, the snapshot from before it: the view
+    would miss the event. It is dropped, and the runner reads the turn, so
+    the cancel committed meanwhile is honoured with no model call."""
+    from sessions_app.runtime.loop import TurnRunner
+
+    services.run_turn(session.id, "go")
+    locked, blocked = threading.Event(), threading.Event()
+    result: dict[str, Any] = {}
+
+    def claimer() -> None:
+        locked.wait(5)
+        blocked.set()
+        result["lease"] = lease.claim(session.id)
+
+    worker = threading.Thread(target=claimer)
+    worker.start()
+    with log.locked(session.id) as tx:
+        tx.append("turn/cancel_requested", {"by": "test"})
+        locked.set()
+        blocked.wait(5)
+        _wait_for_lock_waiter()
+    worker.join(10)
+    held = result["lease"]
+    assert held is not None and held.view is None and held.driving.profile is not None
+    runner = TurnRunner(session.id, held.driving.profile, held)
+    assert held.head.open_turn_seq is not None
+    assert runner.run(held.head.open_turn_seq) == "ended"
+    assert fake_llm.requests == []
+    assert list(Event.objects.filter(session=session, kind="turn/end").values_list("data", flat=True)) == [
+        {"status": "cancelled"}
+    ]
+
+
+def _wait_for_lock_waiter(timeout: float = 5.0) -> None:
+    """Until some backend waits on a row lock (the claim behind ours)."""
+    import time
+
+    import psycopg
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"], autocommit=True
+    ) as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the claim never waited on the row lock")
