@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 MAX_STEPS = 25
 RESUME_BACKOFF_SECONDS = 30.0
+REFRESH_PAGE = 1000
 DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
 
 
@@ -268,11 +269,16 @@ class TurnRunner:
         if appended[0].seq == self.seen + 1:
             self.observe([LoggedEvent(e.seq, e.kind, e.data) for e in appended])
         else:
-            self.observe(events_since(self.sid, self.seen))
+            self.refresh()
         return appended
 
     def refresh(self) -> None:
-        self.observe(events_since(self.sid, self.seen))
+        """Catch up with everything committed after what this runner saw."""
+        while True:
+            new = events_since(self.sid, self.seen, limit=REFRESH_PAGE)
+            self.observe(new)
+            if len(new) < REFRESH_PAGE:
+                return
 
     def observe(self, new: list[LoggedEvent]) -> None:
         for e in new:

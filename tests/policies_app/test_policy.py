@@ -204,12 +204,12 @@ def test_update_is_in_force_at_the_very_next_tool_call(
 def test_update_between_two_calls_of_one_step_vetoes_the_second(
     fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
 ) -> None:
-    """The runner learns the policy head from its own commits: the result of
-    the first call is committed right before the second call's veto, and an
-    update committed meanwhile (here, while the first call runs) shows up as
-    a gap in the seqs. No read of the session row is needed to see it."""
-    import threading
-
+    """The runner learns the policy head from its own commits. The update
+    lands while the first call (debug.sleep) runs; the second (clock.now) is
+    local, so it is decided on the head of the commit made before the first
+    ran, and the commit of its result, guarded on that head, writes nothing.
+    The runner reads the update (a gap in the seqs) and judges the call
+    again. No read of the session row is needed."""
     settings.TERRET_WORKER = "manual"
     settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
@@ -217,18 +217,8 @@ def test_update_between_two_calls_of_one_step_vetoes_the_second(
     )
     session = sessions.create_session(make_user("two"), profile)
     fake_llm.script(Reply(tool_calls=[("debug.sleep", {"seconds": 1.0}), ("clock.now", {})]), Reply(text="done"))
-    sessions.run_turn(session.id, "go")
-    worker = threading.Thread(target=drive, args=(session.id,))
-    worker.start()
-    try:
-        # The assistant message is committed once the first call starts running.
-        for _ in range(500):
-            if Event.objects.filter(session=session, kind="assistant/message").exists():
-                break
-            threading.Event().wait(0.01)
-        services.update_policy(session.id, ["debug.*"], user=session.owner)
-    finally:
-        worker.join(30)
+    # The assistant message is committed once the first call starts running.
+    _drive_and_update_policy_once(session, ["debug.*"], "assistant/message")
     results = list(
         Event.objects.filter(session=session, kind="tool/result").order_by("seq").values_list("data", flat=True)
     )
@@ -266,9 +256,9 @@ def test_update_between_the_claim_and_the_turns_opening_is_in_force(
     assert result["is_error"] and "session's allow-list" in result["content"]
 
 
-def _drive_and_update_during_the_model_call(session: Session, patterns: list[str]) -> None:
-    """Drive one turn in a thread; while its first model call is in flight
-    (after the step/start commit), commit a policy update."""
+def _drive_and_update_policy_once(session: Session, patterns: list[str], once: str) -> None:
+    """Drive one turn in a thread; as soon as it has committed an event of
+    kind `once`, commit a policy update."""
     import threading
 
     sessions.run_turn(session.id, "go")
@@ -276,14 +266,17 @@ def _drive_and_update_during_the_model_call(session: Session, patterns: list[str
     worker.start()
     try:
         for _ in range(500):
-            if Event.objects.filter(session=session, kind="step/start").exists():
+            if Event.objects.filter(session=session, kind=once).exists():
                 break
             threading.Event().wait(0.01)
-        assert not Event.objects.filter(session=session, kind="assistant/message").exists()
         services.update_policy(session.id, patterns, user=session.owner)
     finally:
         worker.join(30)
     assert not worker.is_alive()
+
+
+def _seq_of(session: Session, kind: str) -> int:
+    return Event.objects.filter(session=session, kind=kind).order_by("seq").values_list("seq", flat=True)[0]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -301,7 +294,8 @@ def test_update_during_the_model_call_rejudges_the_steps_local_calls(
     )
     session = sessions.create_session(make_user("local"), profile)
     fake_llm.script(Reply(tool_calls=[("clock.now", {}), ("debug.noop", {})], latency=0.5), Reply(text="done"))
-    _drive_and_update_during_the_model_call(session, ["debug.*"])
+    # step/start is committed right before the model call, which takes 0.5 s.
+    _drive_and_update_policy_once(session, ["debug.*"], "step/start")
     rows = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "kind", "data"))
     kinds = [k for _, k, _ in rows]
     assert kinds.count("assistant/message") == 2 and kinds[-1] == "turn/end"
@@ -327,7 +321,8 @@ def test_update_during_the_model_call_can_allow_a_local_call_the_old_policy_veto
     )
     session = sessions.create_session(make_user("allow"), profile)
     fake_llm.script(Reply(tool_calls=[("clock.now", {})], latency=0.5), Reply(text="done"))
-    _drive_and_update_during_the_model_call(session, ["clock.*"])
+    _drive_and_update_policy_once(session, ["clock.*"], "step/start")
+    assert _seq_of(session, "policy/updated") < _seq_of(session, "assistant/message")
     (result,) = Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True)
     assert result["is_error"] is False and result["content"].startswith("20")
 

@@ -428,3 +428,24 @@ def test_local_calls_ride_one_commit_with_the_step_tail(fake_llm: Any, session: 
     assert at[4] == at[5] == at[6] == at[7] == at[8]  # step 1: one commit, after the local calls
     assert at[9] < at[10]  # step 2 calls debug.sleep: its message was committed first
     assert [d["is_error"] for k, d, _ in rows if k == "tool/result"] == [False] * 4
+
+
+def test_refresh_catches_up_past_one_page_of_foreign_events(session: Session, monkeypatch: Any) -> None:
+    """The runner reads what others committed in pages; it reads them all
+    (a policy/updated beyond the first page must still be seen)."""
+    from sessions_app.runtime import loop
+
+    monkeypatch.setattr(loop, "REFRESH_PAGE", 2)
+    services.run_turn(session.id, "go")
+    held = lease.claim(session.id)
+    assert held is not None and held.driving.profile is not None and held.head.open_turn_seq is not None
+    try:
+        runner = loop.TurnRunner(session.id, held.driving.profile, held)
+        runner.load(held.head.open_turn_seq)
+        for text in ("a", "b", "c", "d"):
+            log.append(session.id, "input/queued", {"text": text, "wake": False})
+        policy = log.append(session.id, "policy/updated", {"patterns": ["clock.*"], "by": "owner"})
+        runner.refresh()
+        assert runner.seen == policy.seq and runner.policy_seq == policy.seq
+    finally:
+        lease.release(held)
