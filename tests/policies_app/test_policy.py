@@ -25,6 +25,13 @@ from tests.fakes.fake_llm import Reply
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def manual_worker(settings: Any, tmp_path: Any) -> None:
+    """Turns run only when a test drives them (TERRET_WORKER=manual)."""
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+
+
 def ctx(session: Session, profile: AgentProfile, tool: str) -> hooks.CallContext:
     return hooks.CallContext(session.id, profile, BUILTINS[tool], {})
 
@@ -148,11 +155,7 @@ def test_history_newest_first(session: Session) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_veto_is_an_error_result_and_the_turn_goes_on(
-    fake_llm: Any, session: Session, settings: Any, tmp_path: Any
-) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
+def test_veto_is_an_error_result_and_the_turn_goes_on(fake_llm: Any, session: Session, manual_worker: None) -> None:
     fake_llm.script(Reply(tool_calls=[("debug.noop", {}), ("clock.now", {})]), Reply(text="done"))
     sessions.run_turn(session.id, "go")
     assert drive(session.id) == "ended"
@@ -166,15 +169,11 @@ def test_veto_is_an_error_result_and_the_turn_goes_on(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_update_is_in_force_at_the_very_next_tool_call(
-    fake_llm: Any, session: Session, settings: Any, tmp_path: Any
-) -> None:
+def test_update_is_in_force_at_the_very_next_tool_call(fake_llm: Any, session: Session, manual_worker: None) -> None:
     """Step 1's call runs under the floor; a policy/updated appended while the
     step 2 model call is in flight vetoes step 2's call."""
     import threading
 
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     release = threading.Event()
     fake_llm.script(
         Reply(tool_calls=[("clock.now", {})]),
@@ -202,7 +201,7 @@ def test_update_is_in_force_at_the_very_next_tool_call(
 
 @pytest.mark.django_db(transaction=True)
 def test_update_between_two_calls_of_one_step_vetoes_the_second(
-    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+    fake_llm: Any, make_user: Any, manual_worker: None
 ) -> None:
     """The runner learns the policy head from its own commits. The update
     lands while the first call (debug.sleep) runs; the second (clock.now) is
@@ -210,8 +209,6 @@ def test_update_between_two_calls_of_one_step_vetoes_the_second(
     ran, and the commit of its result, guarded on that head, writes nothing.
     The runner reads the update (a gap in the seqs) and judges the call
     again. No read of the session row is needed."""
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
         name="two-calls", roles={"main": "test/model"}, builtin_tools=["debug.sleep", "clock.now"], allow_floor=["*"]
     )
@@ -228,7 +225,7 @@ def test_update_between_two_calls_of_one_step_vetoes_the_second(
 
 @pytest.mark.django_db(transaction=True)
 def test_update_between_the_claim_and_the_turns_opening_is_in_force(
-    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+    fake_llm: Any, make_user: Any, manual_worker: None
 ) -> None:
     """A worker claims an idle session with queued wake input, a policy update
     commits, then the worker opens the turn. The update precedes the turn (so
@@ -236,8 +233,6 @@ def test_update_between_the_claim_and_the_turns_opening_is_in_force(
     from sessions_app.runtime import lease
     from sessions_app.runtime.loop import _drive_with_lease
 
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
         name="late-policy", roles={"main": "test/model"}, builtin_tools=["debug.sleep"], allow_floor=["*"]
     )
@@ -281,14 +276,12 @@ def _seq_of(session: Session, kind: str) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_update_during_the_model_call_rejudges_the_steps_local_calls(
-    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+    fake_llm: Any, make_user: Any, manual_worker: None
 ) -> None:
     """Local calls are decided on the policy head of the runner's last commit
     (no read) and their results are committed under a guard on that head. An
     update that lands in between makes that commit write nothing; the calls
     are judged again under the update, which then precedes them in the log."""
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
         name="local-calls", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]
     )
@@ -312,10 +305,8 @@ def test_update_during_the_model_call_rejudges_the_steps_local_calls(
 
 @pytest.mark.django_db(transaction=True)
 def test_update_during_the_model_call_can_allow_a_local_call_the_old_policy_vetoed(
-    fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any
+    fake_llm: Any, make_user: Any, manual_worker: None
 ) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
         name="local-allow", roles={"main": "test/model"}, builtin_tools=["clock.now"], allow_floor=["debug.*"]
     )
@@ -328,7 +319,7 @@ def test_update_during_the_model_call_can_allow_a_local_call_the_old_policy_veto
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, settings: Any, tmp_path: Any) -> None:
+def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, manual_worker: None) -> None:
     """Without an update, a step of local calls costs its one batched commit
     and nothing else: no statement reads the session's policy head."""
     from django.db import connection
@@ -336,8 +327,6 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, se
 
     from sessions_app.runtime.loop import _drive
 
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
     profile = AgentProfile.objects.create(
         name="no-read", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]
     )
