@@ -6,8 +6,9 @@ session's last policy/updated event, or, failing that, the profile's floor.
 A read-through cache per session keeps the event's patterns in memory, keyed
 by the seq of that event. Every lookup first learns Session.policy_seq (a
 projection column the append transaction maintains, so it moves in the same
-commit as the event): read from the row, or, from a turn runner, as of the
-commit it made right before the call (see loop.TurnRunner.run_call); a
+commit as the event): read from the row, or, from a turn runner, as of its
+own latest commit (before a non-local call it commits first; a local call's
+result is committed under a guard on that seq: see loop.TurnRunner.flush); a
 cached entry is used only while it names that same seq. An update made by
 any process is therefore in force at the very next tool call everywhere,
 and the cache can never disagree with the log. The
@@ -119,8 +120,8 @@ def current_policy(
 
 
 def _current(sid: uuid.UUID, profile: AgentProfile | None) -> ActivePolicy:
-    # Raw, prepared on Postgres, by primary key: this runs before every
-    # local tool call of every turn (the runner knows the head otherwise).
+    # Raw, prepared on Postgres, by primary key: every caller that does not
+    # know the head (a turn runner does) reads it here.
     sql = f"SELECT policy_seq, profile_id FROM {Session._meta.db_table} WHERE id = %s"
     if connection.vendor == "postgresql":
         rows = pg_rows(sql, [sid])

@@ -280,7 +280,7 @@ Guard = str | tuple[str, Any]
 def _guard_sql(guard: Guard) -> tuple[str, list[Any]]:
     """The guard's condition and its parameters; ValueError for an unknown
     key or a wrong number of values."""
-    name, values = (guard, []) if isinstance(guard, str) else (guard[0], [guard[1]])
+    name, *values = (guard,) if isinstance(guard, str) else guard
     sql = GUARDS.get(name)
     if sql is None:
         raise ValueError(f"unknown append guard {name!r}")

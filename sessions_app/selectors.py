@@ -42,6 +42,19 @@ def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]
     return [LoggedEvent(s, k, d) for s, k, d in rows]
 
 
+TURN_VIEW_KINDS = sorted(MODEL_VISIBLE)
+
+
+def turn_view_filter(session: str, start: str, turn_seq: str, alias: str = "") -> str:
+    """The turn view's condition on event rows (`alias.` prefixed), given SQL
+    for the session id, the start seq and the turn's seq; TURN_VIEW_KINDS
+    follow as its last parameters. Shared by turn_view and the lease claim,
+    which reads the same rows in its own statement."""
+    e = f"{alias}." if alias else ""
+    marks = ", ".join(["%s"] * len(TURN_VIEW_KINDS))
+    return f"{e}session_id = {session} AND {e}seq >= {start} AND ({e}seq >= {turn_seq} OR {e}kind IN ({marks}))"
+
+
 def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[tuple[int, str, dict[str, Any]]]:
     """What a turn runner loads: from `start` (the latest compaction's seq),
     every model-visible event, and every event from `turn_seq` on. Raw SQL:
@@ -49,13 +62,8 @@ def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[tuple[in
     from sessions_app.log import pg_rows
 
     pg = connection.vendor == "postgresql"
-    kinds = sorted(MODEL_VISIBLE)
-    marks = ", ".join(["%s"] * len(kinds))
-    sql = (
-        f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE session_id = %s AND seq >= %s "
-        f"AND (seq >= %s OR kind IN ({marks})) ORDER BY seq"
-    )
-    params = [session_id if pg else session_id.hex, start, turn_seq, *kinds]
+    sql = f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
+    params = [session_id if pg else session_id.hex, start, turn_seq, *TURN_VIEW_KINDS]
     if pg:
         rows = pg_rows(sql, params)
     else:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 import django_stubs_ext
@@ -120,10 +122,11 @@ else:
         _db["OPTIONS"] = {"pool": {"min_size": _pool_min, "max_size": _pool_max, "timeout": 30}}
         _db["CONN_MAX_AGE"] = 0
     # Django turns psycopg's prepared statements off (for transaction-mode
-    # poolers such as PgBouncer). The log's appends are a handful of fixed
-    # statements bound server-side (sessions_app.log), and planning their
-    # UPDATE-then-INSERT CTE costs more than running it, so they are prepared
-    # after 5 uses on a connection. Set 0 behind a transaction-mode pooler.
+    # poolers such as PgBouncer). The runtime's few fixed statements (appends,
+    # claim, release, turn load: sessions_app.log.pg_rows) are prepared on
+    # their first use on a connection, as planning the append's CTE costs more
+    # than running it; other queries after 5 uses. 0 turns preparing off
+    # entirely, as a transaction-mode pooler needs.
     _prepare = env_int("TERRET_DB_PREPARE_THRESHOLD", 5, minimum=0)
     _db.setdefault("OPTIONS", {})["prepare_threshold"] = _prepare or None
     _test_name = env_str("TERRET_TEST_DB_NAME")
@@ -162,6 +165,11 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 if REDIS_URL:
     # kombu's Redis transport, reusing one client per channel (see the module).
     CELERY_BROKER_TRANSPORT = "terret_site.broker:Transport"
+    if urlparse(REDIS_URL).scheme == "rediss" and "ssl_cert_reqs" not in urlparse(REDIS_URL).query:
+        # kombu turns TLS on for rediss:// only when it picks the transport
+        # from the scheme itself (and then without verifying the server);
+        # with the transport named, TLS is asked for here, verified.
+        CELERY_BROKER_USE_SSL = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 # No task stores a result. Without this Celery builds a backend object per

@@ -26,9 +26,10 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from sessions_app.events import MODEL_ROLES, MODEL_VISIBLE
+from sessions_app.events import MODEL_ROLES
 from sessions_app.log import HEAD_COLUMNS, Fence, SessionNotFound, pg_rows
 from sessions_app.models import Agent, AgentProfile, Event, Session
+from sessions_app.selectors import TURN_VIEW_KINDS, turn_view_filter
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
         rows = pg_rows(
             f"WITH c AS ({update}) SELECT c.*, {_PROFILE_COLUMNS}, {_VIEW} FROM c "
             f"LEFT JOIN {_AGENT} a ON a.session_id = c.id LEFT JOIN {_PROFILE} p ON p.id = a.profile_id",
-            [*params, *_VIEW_KINDS],
+            [*params, *TURN_VIEW_KINDS],
         )
         row = rows[0] if rows else None
         if row is not None:
@@ -179,12 +180,10 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
 # the claim waited on the row lock; then the newest events may be missing,
 # so the view is used only if it reaches the row's last_seq (events commit
 # in seq order under that lock, so the rest is there too).
-_VIEW_KINDS = sorted(MODEL_VISIBLE)
 _VIEW = (
     "CASE WHEN c.open_turn_seq IS NULL THEN NULL ELSE (SELECT json_agg(json_build_array(e.seq, e.kind, e.data) "
-    f"ORDER BY e.seq) FROM {Event._meta.db_table} e WHERE e.session_id = c.id "
-    "AND e.seq >= COALESCE(c.compacted_seq, 0) AND (e.seq >= c.open_turn_seq "
-    f"OR e.kind IN ({', '.join(['%s'] * len(_VIEW_KINDS))}))) END"
+    f"ORDER BY e.seq) FROM {Event._meta.db_table} e "
+    f"WHERE {turn_view_filter('c.id', 'COALESCE(c.compacted_seq, 0)', 'c.open_turn_seq', alias='e')}) END"
 )
 
 

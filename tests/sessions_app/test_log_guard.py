@@ -119,4 +119,8 @@ def test_the_policy_head_guard_compares_with_a_value(make_session: Any) -> None:
         log.append_many(s.id, batch, guard="policy_at")
     with pytest.raises(ValueError, match="takes 0 value"):
         log.append_many(s.id, batch, guard=("untitled", 1))
+    with pytest.raises(ValueError, match="takes 1 value"):
+        log.append_many(s.id, batch, guard=("policy_at",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="takes 1 value"):
+        log.append_many(s.id, batch, guard=("policy_at", 1, 2))  # type: ignore[arg-type]
     assert len(kinds(s)) == 5

@@ -35,6 +35,8 @@ print(json.dumps({
     "layer_prefix": s.CHANNEL_LAYERS["default"].get("CONFIG", {}).get("prefix"),
     "worker": s.TERRET_WORKER, "broker": s.CELERY_BROKER_URL, "queue": s.CELERY_TASK_DEFAULT_QUEUE,
     "redis": s.REDIS_URL, "is_postgres": s.IS_POSTGRES,
+    "broker_transport": getattr(s, "CELERY_BROKER_TRANSPORT", None),
+    "broker_ssl": {k: int(v) for k, v in getattr(s, "CELERY_BROKER_USE_SSL", {}).items()},
 }))
 """
 
@@ -99,6 +101,23 @@ def test_redis_url_switches_to_channels_redis_and_celery(tmp_path: Path) -> None
     assert got["worker"] == "celery"
     assert got["broker"] == "redis://127.0.0.1:6379/5"
     assert got["queue"] == "q1"
+
+
+def test_the_broker_transport_keeps_tls_for_rediss(tmp_path: Path) -> None:
+    """Naming the transport (terret_site/broker.py) stops kombu inferring TLS
+    from a rediss:// scheme, so settings ask for it, with the server verified;
+    a URL that says how to verify keeps its own choice (Celery reads it)."""
+    import ssl
+
+    plain = ok(tmp_path, SECRET_KEY="k" * 50, REDIS_URL="redis://127.0.0.1:6379/5")
+    assert plain["broker_transport"] == "terret_site.broker:Transport"
+    assert plain["broker_ssl"] == {}
+    tls = ok(tmp_path, SECRET_KEY="k" * 50, REDIS_URL="rediss://cache.example:6380/0")
+    assert tls["broker_transport"] == "terret_site.broker:Transport"
+    assert tls["broker_ssl"] == {"ssl_cert_reqs": int(ssl.CERT_REQUIRED)}
+    told = ok(tmp_path, SECRET_KEY="k" * 50, REDIS_URL="rediss://cache.example:6380/0?ssl_cert_reqs=optional")
+    assert told["broker_ssl"] == {}
+    assert ok(tmp_path, SECRET_KEY="k" * 50)["broker_transport"] is None  # no Redis: Celery's memory transport
 
 
 def test_redis_with_in_process_worker_is_allowed(tmp_path: Path) -> None:
