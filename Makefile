@@ -27,7 +27,7 @@ help:
 	@echo "make run     set up everything and start Terret at http://$(HOST):$(PORT)/ (SQLite, in-process worker)"
 	@echo "make test    set up everything and run the whole test suite (scripts/test.sh; ARGS='...' for pytest)"
 	@echo "make dist    Postgres + Redis: daphne plus WORKERS=$(WORKERS) Celery worker processes"
-	@echo "make lint    ruff check, ruff format --check, mypy"
+	@echo "make lint    ruff check, ruff format --check, mypy, lint-imports (the layers contract)"
 	@echo "make bench   run every benchmark in bench/ (needs PostgreSQL; DATABASE_URL)"
 	@echo "make venv    create .venv with the pinned dependencies"
 
@@ -99,10 +99,12 @@ test: $(STAMP)
 	scripts/test.sh $(ARGS)
 
 # mypy's Django plugin imports the settings, which want a SECRET_KEY.
+# lint-imports checks the layers contract in pyproject.toml (docs/architecture.md).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	SECRET_KEY=$${SECRET_KEY:-lint-only-not-a-secret} $(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	@status=0; for f in bench/*.py; do \

@@ -9,5 +9,10 @@ class ApprovalsAppConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
-        # Listener modules register themselves with the log's fan-out on import.
-        from approvals_app import listeners  # noqa: F401
+        # Imported here, not at the top: Django imports apps.py while the app
+        # registry is still loading. The listener module registers itself
+        # with the log's fan-out on import; the gate plugs into the runtime.
+        from approvals_app import gate, listeners  # noqa: F401
+        from sessions_app.runtime import hooks
+
+        hooks.register_gate(gate.ApprovalGate())

@@ -25,10 +25,10 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils.html import escape
 
-from approvals_app.errors import NotAllowed
 from approvals_app.listeners import GROUP
-from sessions_app import hints
-from sessions_app.errors import TerretError
+from sessions_app.api import auth
+from sessions_app.errors import NotAllowed, TerretError
+from sessions_app.log import hints
 from sessions_app.permissions import is_reviewer
 
 COALESCE_SECONDS = 0.25
@@ -54,8 +54,6 @@ def _error(exc: TerretError) -> str:
 
 def still_allowed(user_id: Any, token_id: int | None, session_key: str | None) -> bool:
     """Is the socket's user still an active reviewer on a live credential?"""
-    from sessions_app.api import auth
-
     user = auth.active_user(user_id)
     if user is None or not is_reviewer(user):
         return False

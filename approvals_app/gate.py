@@ -9,13 +9,13 @@ approval/resolved wakes one).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from approvals_app.selectors import approval_records
 from sessions_app import log
+from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Event
-from sessions_app.selectors import LoggedEvent
+from sessions_app.runtime.hooks import GateDecision
 from sessions_app.tools.base import Definition
 
 
@@ -28,12 +28,6 @@ def approval_mode(defn: Definition, overrides: dict[str, Any]) -> str:
 def needs_approval(defn: Definition, overrides: dict[str, Any]) -> bool:
     mode = approval_mode(defn, overrides)
     return mode == "always" or (mode == "policy" and defn.mutating)
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    action: Literal["run", "deny", "park", "ask"]
-    reason: str = ""
 
 
 def check(
@@ -90,3 +84,27 @@ def request(session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: 
             return False
         tx.append("approval/requested", {"call_id": call_id, "name": name, "args": args})
     return True
+
+
+class ApprovalGate:
+    """The gate the runtime calls (runtime.hooks.Gate), registered by approvals_app's AppConfig."""
+
+    def needs_approval(self, definition: Definition, overrides: dict[str, Any]) -> bool:
+        return needs_approval(definition, overrides)
+
+    def check(
+        self,
+        events: list[LoggedEvent],
+        definition: Definition,
+        overrides: dict[str, Any],
+        call_id: str,
+        args: Any,
+        *,
+        after_seq: int = 0,
+    ) -> GateDecision:
+        return check(events, definition, overrides, call_id, args, after_seq=after_seq)
+
+    def request(
+        self, session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: str, args: dict[str, Any]
+    ) -> bool:
+        return request(session_id, fence, call_id, name, args)

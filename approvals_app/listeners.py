@@ -6,8 +6,7 @@ so a reviewer's queue is always read through the permission-checked view.
 
 from __future__ import annotations
 
-from sessions_app import hints
-from sessions_app.log import AppendedEvent, on_event
+from sessions_app.log import AppendedEvent, hints, on_event
 
 GROUP = "approvals"
 

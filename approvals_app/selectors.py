@@ -22,9 +22,9 @@ from typing import Any
 
 from django.db.models import F
 
+from sessions_app.log.reads import LoggedEvent
 from sessions_app.models import Event, Session
 from sessions_app.permissions import is_reviewer, visible_sessions
-from sessions_app.selectors import LoggedEvent
 
 APPROVAL_KINDS = ("approval/requested", "approval/resolved")
 # The reviewer's queue reads at most this many waiting sessions, oldest

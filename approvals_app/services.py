@@ -10,10 +10,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from approvals_app.errors import AlreadyDecided, NotAllowed, TurnClosed, UnknownCall, UnknownSession
 from approvals_app.selectors import ApprovalRecord, approval_records, open_turn_approvals
 from sessions_app import log
-from sessions_app.errors import InvalidInput
+from sessions_app.errors import AlreadyDecided, InvalidInput, NotAllowed, TurnClosed, UnknownCall, UnknownSession
 from sessions_app.log import AppendedEvent
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_approve, is_reviewer

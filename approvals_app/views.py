@@ -25,9 +25,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals_app import services
-from approvals_app.errors import NotAllowed, UnknownSession
 from approvals_app.selectors import queue_for
-from sessions_app.errors import TerretError
+from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
 from sessions_app.permissions import can_view, is_reviewer
 

@@ -258,7 +258,7 @@ def build_log(url: str, sid: uuid.UUID, n: int) -> None:
 
 
 def time_derive(sid: uuid.UUID, calls: int) -> tuple[float, int]:
-    from sessions_app.projection import derive_messages
+    from sessions_app.log.projection import derive_messages
 
     for _ in range(5):
         messages = derive_messages(sid)  # warm caches and the plan

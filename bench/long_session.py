@@ -63,7 +63,7 @@ def build_long_session(session_id: uuid.UUID, start_seq: int, total: int, compac
     """COPY `total` events after `start_seq`; returns the projection to set."""
     from django.db import connection
 
-    from sessions_app.usage import entry_totals
+    from sessions_app.services.usage import entry_totals
 
     now = datetime.now(UTC)
     seq = start_seq
@@ -132,7 +132,7 @@ def set_projection(session_id: uuid.UUID, profile_id: int, p: dict[str, Any]) ->
 
 def timed_turn(session_id: uuid.UUID, text: str) -> float:
     from sessions_app import services
-    from sessions_app.runtime.loop import drive
+    from sessions_app.runtime.drive import drive
 
     services.run_turn(session_id, text)
     t0 = time.perf_counter()
@@ -144,7 +144,7 @@ def timed_turn(session_id: uuid.UUID, text: str) -> float:
 
 
 def timed_derive(session_id: uuid.UUID) -> float:
-    from sessions_app.projection import derive_messages
+    from sessions_app.log.projection import derive_messages
 
     t0 = time.perf_counter()
     derive_messages(session_id)
@@ -171,7 +171,7 @@ def main() -> None:
 
     from sessions_app import services
     from sessions_app.models import AgentProfile, Event, Session
-    from sessions_app.usage import check_session
+    from sessions_app.services.usage import check_session
     from tests.fakes.fake_llm import FakeLLM, Reply
 
     fake = FakeLLM(lambda body: Reply(text="done", usage=(len(body["messages"]) * 10, 2, 0.0001))).start()

@@ -12,7 +12,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 
-from policies_app.patterns import InvalidPattern, validate_patterns
+from policies_app.patterns import validate_patterns
+from sessions_app.errors import InvalidPattern
 from sessions_app.models import AgentProfile
 
 

@@ -9,7 +9,10 @@ class PoliciesAppConfig(AppConfig):
     verbose_name = "Policies"
 
     def ready(self) -> None:
+        # Imported here, not at the top: Django imports apps.py while the app
+        # registry is still loading. The listener module registers itself
+        # with the log's fan-out on import; the veto plugs into the runtime.
         from policies_app import allowlist, listeners  # noqa: F401
-        from sessions_app.runtime.hooks import register_pre_execute
+        from sessions_app.runtime import hooks
 
-        register_pre_execute(allowlist.veto)
+        hooks.register_pre_execute(allowlist.veto)

@@ -27,16 +27,11 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
-from sessions_app.errors import InvalidInput
+from sessions_app.errors import InvalidPattern
 
 MAX_PATTERN_CHARS = 200
 MAX_PATTERNS = 100
 _CHARS = re.compile(r"[A-Za-z0-9_.*?-]+")
-
-
-class InvalidPattern(InvalidInput):
-    code = "invalid_pattern"
-    status = 400
 
 
 def pattern_error(pattern: Any) -> str | None:

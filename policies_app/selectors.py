@@ -7,8 +7,7 @@ A read-through cache per session keeps the event's patterns in memory, keyed
 by the seq of that event. Every lookup first learns Session.policy_seq (a
 projection column the append transaction maintains, so it moves in the same
 commit as the event): read from the row, or, from a turn runner, as of its
-own latest commit (before a non-local call it commits first; a local call's
-result is committed under a guard on that seq: see loop.TurnRunner.flush); a
+own latest commit (runtime/outbox.py says why that is enough); a
 cached entry is used only while it names that same seq. An update made by
 any process is therefore in force at the very next tool call everywhere,
 and the cache can never disagree with the log. The
@@ -27,10 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
 from policies_app.patterns import allowed, pattern_error
-from sessions_app.log import pg_rows
+from sessions_app.log.reads import policy_row
 from sessions_app.models import AgentProfile, Event, Session
 
 logger = logging.getLogger(__name__)
@@ -120,21 +119,13 @@ def current_policy(
 
 
 def _current(sid: uuid.UUID, profile: AgentProfile | None) -> ActivePolicy:
-    # Raw, prepared on Postgres, by primary key: every caller that does not
-    # know the head (a turn runner does) reads it here.
-    sql = f"SELECT policy_seq, profile_id FROM {Session._meta.db_table} WHERE id = %s"
-    if connection.vendor == "postgresql":
-        rows = pg_rows(sql, [sid])
-        found = rows[0] if rows else None
-    else:
-        with connection.cursor() as cur:
-            cur.execute(sql, [uuid.UUID(str(sid)).hex])
-            found = cur.fetchone()
-    row = {"policy_seq": found[0], "profile_id": found[1]} if found else None
-    if row is None:
+    # By primary key, a fixed statement of the log's: every caller that does
+    # not know the policy in force (a turn runner does) reads it here.
+    found = policy_row(sid)
+    if found is None:
         logger.warning("policy of unknown session %s requested; denying every tool", sid)
         return CLOSED
-    return _for_seq(sid, row["policy_seq"], profile, row["profile_id"])
+    return _for_seq(sid, found[0], profile, found[1])
 
 
 def _for_seq(sid: uuid.UUID, seq: int | None, profile: AgentProfile | None, profile_id: Any) -> ActivePolicy:

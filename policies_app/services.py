@@ -9,10 +9,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from approvals_app.errors import NotAllowed, UnknownSession
 from policies_app.patterns import validate_patterns
 from sessions_app import log
-from sessions_app.errors import InvalidInput
+from sessions_app.errors import InvalidInput, NotAllowed, UnknownSession
 from sessions_app.log import AppendedEvent
 from sessions_app.models import Session
 from sessions_app.permissions import can_drive

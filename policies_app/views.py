@@ -15,11 +15,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from approvals_app.errors import NotAllowed, UnknownSession
 from policies_app import services
-from policies_app.patterns import MAX_PATTERNS, InvalidPattern, parse_lines
+from policies_app.patterns import MAX_PATTERNS, parse_lines
 from policies_app.selectors import current_policy, history
-from sessions_app.errors import TerretError
+from sessions_app.errors import InvalidPattern, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
 from sessions_app.permissions import can_drive, can_view
 

@@ -2,11 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from sessions_app.api.auth import revoke
+from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Session
+from sessions_app.permissions import can_drive
+from sessions_app.services.usage import check_session
+from sessions_app.web.dashboard import compact_outcome
 
 
 @admin.register(AgentProfile)
@@ -38,11 +43,6 @@ class SessionAdmin(admin.ModelAdmin[Session]):
 
     @admin.action(description="Compact selected sessions")
     def compact_selected(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
-        from django.contrib import messages
-
-        from sessions_app.dashboard_views import compact_outcome
-        from sessions_app.permissions import can_drive
-
         for session in queryset[:50]:  # each one is a model call
             if not can_drive(request.user, session):
                 self.message_user(request, f"{session}: you may not compact it", messages.ERROR)
@@ -52,10 +52,6 @@ class SessionAdmin(admin.ModelAdmin[Session]):
 
     @admin.action(description="Check usage totals against the log")
     def check_usage(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
-        from django.contrib import messages
-
-        from sessions_app.usage import check_session
-
         for session in queryset[:50]:  # scans each log: an admin check, not a page view
             ok, running, summed = check_session(session.id)
             text = "totals match the log" if ok else f"MISMATCH: running {running} vs log {summed}"
@@ -73,8 +69,6 @@ class EventKindFilter(admin.SimpleListFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        from sessions_app.events import CATALOGUE
-
         return [(k, k) for k in CATALOGUE]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Event]) -> QuerySet[Event]:
@@ -125,8 +119,6 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        from sessions_app.api.auth import revoke
-
         count = revoke(queryset)
         self.message_user(request, f"Revoked {count} token(s).")
 

@@ -9,5 +9,10 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Sessions and agents"
 
     def ready(self) -> None:
-        # Listener modules register themselves with the fan-out on import.
-        from sessions_app import listeners  # noqa: F401
+        # Imported here, not at the top: Django imports apps.py while the app
+        # registry is still loading, before any module that touches models
+        # can be imported.
+        from sessions_app.runtime import hooks
+        from sessions_app.services.post_turn import post_turn
+
+        hooks.register_after_turn(post_turn)

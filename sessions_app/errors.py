@@ -1,10 +1,51 @@
-"""Domain errors. Each has a stable `code` used by the JSON API and socket frames."""
+"""Every domain error of Terret, in one module.
+
+Each `TerretError` has a stable `code` and HTTP `status`, which the JSON API
+and the socket frames render the same way (sessions_app/api/errors.py adds
+the errors of the protocol itself: bad JSON, a frame too large, no token).
+The log's own failures (an unknown kind, a bad payload, a missing session, a
+superseded lease) are not TerretErrors: they come from the bottom of the
+stack, and interfaces map the ones a client can cause (api/errors.as_error).
+
+This module imports nothing of the project, so every layer may import it;
+approvals_app and policies_app have no errors module of their own.
+"""
 
 from __future__ import annotations
+
+# ---------------------------------------------------------------- the log
+
+
+class UnknownEventKind(ValueError):
+    """The log's catalogue has no such kind; nothing was written."""
+
+
+class InvalidPayload(ValueError):
+    """The payload does not match its kind's schema (or holds a NUL); nothing was written."""
+
+
+class SessionNotFound(LookupError):
+    pass
+
+
+class LeaseLost(RuntimeError):
+    """The caller's lease generation is no longer current: another worker owns the session."""
+
+
+class ImmutableEventError(RuntimeError):
+    """Events are append-only: they can be neither changed nor deleted."""
+
+
+# ---------------------------------------------------------------- the domain
 
 
 class TerretError(Exception):
     code = "error"
+    status = 400
+
+
+class InvalidInput(TerretError):
+    code = "invalid_input"
     status = 400
 
 
@@ -43,6 +84,61 @@ class IdempotencyConflict(TerretError):
     status = 409
 
 
-class InvalidInput(TerretError):
-    code = "invalid_input"
+# -- permissions and lookups (one vocabulary for every door)
+
+
+class NotAllowed(TerretError):
+    """The user may not do this to this session (or is not signed in)."""
+
+    code = "not_allowed"
+    status = 403
+
+
+class UnknownSession(TerretError):
+    code = "unknown_session"
+    status = 404
+
+
+# -- approvals
+
+
+class UnknownCall(TerretError):
+    """No approval was ever requested for this call in this session."""
+
+    code = "unknown_call"
+    status = 404
+
+
+class TurnClosed(TerretError):
+    """The call was asked in a turn that has since ended; its approval is moot."""
+
+    code = "turn_closed"
+    status = 409
+
+
+class AlreadyDecided(TerretError):
+    """Someone else's verdict landed first. Nothing was appended."""
+
+    code = "already_decided"
+    status = 409
+
+
+# -- policies
+
+
+class InvalidPattern(InvalidInput):
+    code = "invalid_pattern"
     status = 400
+
+
+# -- compaction
+
+
+class SummarizerNotConfigured(TerretError):
+    code = "summarizer_not_configured"
+    status = 409
+
+
+class SummarizerFailed(TerretError):
+    code = "summarizer_failed"
+    status = 502

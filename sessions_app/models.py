@@ -16,9 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-
-class ImmutableEventError(RuntimeError):
-    """Events are append-only: they can be neither changed nor deleted."""
+from sessions_app.errors import ImmutableEventError
 
 
 class AgentProfile(models.Model):

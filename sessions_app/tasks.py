@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from typing import Any
@@ -11,23 +12,24 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import connection
 
+from sessions_app.llm import openai
+from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK
+from sessions_app.runtime.drive import drive
+from sessions_app.runtime.sweep import sweep
+
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="terret.drive_session", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(name=DRIVE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def drive_session(session_id: str) -> str:
-    from sessions_app.runtime.loop import drive
-
     try:
-        return drive(session_id)
+        return str(drive(session_id))
     finally:
         connection.close()  # hand the pooled connection back between tasks
 
 
-@shared_task(name="terret.sweep", ignore_result=True)
+@shared_task(name=SWEEP_TASK, ignore_result=True)
 def sweep_sessions(at_start: bool = False) -> int:
-    from sessions_app.runtime.sweep import sweep
-
     ids = sweep(at_start=at_start)
     for sid in ids:
         drive_session.delay(sid)
@@ -59,27 +61,15 @@ def warm_up() -> None:
     """Import what the first turn would otherwise import under its feet (the
     MCP SDK and its pydantic models take about half a second), so a burst of
     turns on a fresh worker does not queue behind the import lock."""
-    import importlib
-
     for module in (
         "httpcore",  # httpx imports its transport only when a client is built
         "h11",
         "encodings.idna",  # httpx, for the first URL with a host name
         "psycopg_pool",  # Django opens its pool on the first query
-        "sessions_app.runtime.loop",
-        "sessions_app.tools.registry",
-        "sessions_app.tools.executor",
         "sessions_app.tools.mcp",
-        "sessions_app.llm.registry",
-        "sessions_app.llm.openai",
-        "sessions_app.compaction",
-        "sessions_app.titling",
-        "policies_app.allowlist",
     ):
         importlib.import_module(module)
-    from sessions_app.llm.openai import _tls_context
-
-    _tls_context()  # the CA bundle, loaded once for every thread's client
+    openai.tls_context()  # the CA bundle, loaded once for every thread's client
 
 
 @worker_ready.connect

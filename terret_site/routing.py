@@ -5,8 +5,8 @@ from typing import Any
 from django.urls import re_path
 
 from approvals_app.consumers import ApprovalsConsumer
-from sessions_app.consumers import SessionConsumer
-from sessions_app.dashboard_consumers import DashboardConsumer
+from sessions_app.sockets.dashboard import DashboardConsumer
+from sessions_app.sockets.session import SessionConsumer
 
 websocket_urlpatterns: list[Any] = [
     re_path(r"^ws/sessions/(?P<session_id>[^/]+)/?$", SessionConsumer.as_asgi()),

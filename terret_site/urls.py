@@ -9,6 +9,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("api/", include("sessions_app.api.urls")),
     path("approvals/", include("approvals_app.urls")),
     path("", include("policies_app.urls")),
-    path("", include("sessions_app.urls")),
-    path("", include("sessions_app.dashboard_urls")),
+    path("", include("sessions_app.web.urls")),
+    path("", include("sessions_app.web.dashboard_urls")),
 ]

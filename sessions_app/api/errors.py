@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals_app.errors import NotAllowed, UnknownSession
-from sessions_app.errors import TerretError
+from sessions_app.errors import NotAllowed, TerretError, UnknownSession
+from sessions_app.log import SessionNotFound
 
 __all__ = [
     "BadFrame",
@@ -84,8 +84,6 @@ class InternalError(TerretError):
 def as_error(exc: BaseException) -> TerretError:
     """The TerretError a failure is reported as. Unknown exceptions are bugs:
     the caller logs them; the client only learns `internal_error`."""
-    from sessions_app.log import SessionNotFound
-
     if isinstance(exc, TerretError):
         return exc
     if isinstance(exc, SessionNotFound):

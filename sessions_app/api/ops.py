@@ -19,13 +19,13 @@ from django.db.models import QuerySet
 from approvals_app import selectors as approvals
 from approvals_app import services as approval_services
 from policies_app import services as policy_services
-from sessions_app import compaction, services
-from sessions_app.api import feed
+from sessions_app import services
 from sessions_app.api.errors import NotAllowed, UnknownSession
 from sessions_app.errors import InvalidInput
+from sessions_app.log.reads import events_page, usage
 from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive, can_view
-from sessions_app.selectors import usage
+from sessions_app.services import compaction
 
 Need = Literal["view", "drive", "approve"]
 
@@ -113,7 +113,7 @@ def head(session_id: uuid.UUID) -> int:
 
 def events(user: Any, session_id: Any, after: int, limit: int) -> dict[str, Any]:
     session = session_for(user, session_id, "view")
-    page = feed.read_events(session.id, after, limit)
+    page = events_page(session.id, after, limit)
     # Read the head after the page, so last_seq >= every seq returned.
     return {"events": page, "last_seq": head(session.id)}
 

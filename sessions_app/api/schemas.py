@@ -12,8 +12,7 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sessions_app.events import MODEL_ROLES
-from sessions_app.log import has_nul
+from sessions_app.log.catalogue import MODEL_ROLES, has_nul
 from sessions_app.services import MAX_INPUT_CHARS
 
 MAX_KEY_CHARS = 200
@@ -71,40 +70,40 @@ class PolicyIn(In):
 # ---------------------------------------------------------------- socket frames
 
 
-class Frame(In):
+class ClientFrame(In):
     id: Annotated[str, Field(max_length=64)] | int | None = None
 
 
-class InjectFrame(Frame):
+class InjectFrame(ClientFrame):
     type: Literal["inject"]
     text: Text
     wake: bool = True
     idempotency_key: Key | None = None
 
 
-class DecisionFrame(Frame):
+class DecisionFrame(ClientFrame):
     type: Literal["approve", "deny"]
     call_id: CallId
     reason: Reason | None = None
     request_seq: Seq | None = None
 
 
-class BareFrame(Frame):
+class BareFrame(ClientFrame):
     type: Literal["cancel", "compact", "ping"]
 
 
-class PolicyFrame(Frame):
+class PolicyFrame(ClientFrame):
     type: Literal["set_policy"]
     patterns: Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
 
 
-class ModelFrame(Frame):
+class ModelFrame(ClientFrame):
     type: Literal["set_model"]
     role: Role
     spec: Annotated[str, Field(min_length=1, max_length=200)]
 
 
-FRAMES: dict[str, type[Frame]] = {
+FRAMES: dict[str, type[ClientFrame]] = {
     "inject": InjectFrame,
     "approve": DecisionFrame,
     "deny": DecisionFrame,

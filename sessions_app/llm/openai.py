@@ -281,7 +281,7 @@ _local = threading.local()
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """One TLS context (CA bundle loaded once) for every thread's client:
     building one per client costs milliseconds of CPU each."""
     return httpx.create_ssl_context()
@@ -297,7 +297,7 @@ def shared_client() -> httpx.Client:
     client: httpx.Client | None = getattr(_local, "client", None)
     if client is None or getattr(_local, "pid", 0) != os.getpid():
         limits = httpx.Limits(max_connections=8, max_keepalive_connections=2, keepalive_expiry=30.0)
-        client = httpx.Client(limits=limits, follow_redirects=False, verify=_tls_context())
+        client = httpx.Client(limits=limits, follow_redirects=False, verify=tls_context())
         _local.client, _local.pid = client, os.getpid()
     return client
 

@@ -1,20 +1,32 @@
-"""Extension points of the turn loop.
+"""Extension points of the turn runner. The runtime calls them; the apps
+that provide them register in their AppConfig.ready(), so the runtime
+imports none of them:
 
-pre_step hooks run once before a fresh turn's first step; a returned reason
-rejects the turn (turn/end rejected). pre_execute hooks run for every tool call
-before the approval gate, parent first in registration order; the first
-returned reason vetoes the call, which the model sees as an error result.
+- pre_step hooks run once before a fresh turn's first step; a returned
+  reason rejects the turn (turn/end rejected).
+- pre_execute hooks run for every tool call before the approval gate, in
+  registration order; the first returned reason vetoes the call, which the
+  model sees as an error result (policies_app's allow-list).
+- the gate decides whether a call needs a human and parks it
+  (approvals_app.gate); exactly one is registered.
+- after_turn hooks run in the worker that ended a turn, after it released
+  the lease (titling and the compaction trigger, sessions_app.services);
+  a failing one is logged and does not affect the others.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
+from sessions_app.log.records import Fence, LoggedEvent
 from sessions_app.models import AgentProfile
 from sessions_app.tools.base import Definition
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,17 +43,66 @@ class CallContext:
     args: dict[str, Any]
     # The seq of the session's policy/updated in force (None: none yet), when
     # the caller knows it from its own latest commit (a turn runner: see
-    # TurnRunner.flush for why that is enough); a caller that does not leaves
-    # policy_known False and the policy is read.
+    # runtime/outbox.py for why that is enough); a caller that does not
+    # leaves policy_known False and the policy is read.
     policy_known: bool = False
     policy_seq: int | None = None
 
 
+@dataclass(frozen=True)
+class GateDecision:
+    action: Literal["run", "deny", "park", "ask"]
+    reason: str = ""
+
+
+class Gate(Protocol):
+    def needs_approval(self, definition: Definition, overrides: dict[str, Any]) -> bool: ...
+
+    def check(
+        self,
+        events: list[LoggedEvent],
+        definition: Definition,
+        overrides: dict[str, Any],
+        call_id: str,
+        args: Any,
+        *,
+        after_seq: int = 0,
+    ) -> GateDecision: ...
+
+    def request(
+        self, session_id: uuid.UUID, fence: Fence | None, call_id: str, name: str, args: dict[str, Any]
+    ) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TurnFacts:
+    """What the runner of a turn that just ended knows about its session.
+    `titled` may be stale in one direction only (a title landed since the
+    claim), which the guarded title append absorbs."""
+
+    profile: AgentProfile
+    titled: bool
+    first_user_text: str | None = None
+    last_prompt_tokens: int | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def over_budget(self) -> bool | None:
+        """None when the turn saw no step usage (the log decides then)."""
+        if self.last_prompt_tokens is None:
+            return None
+        budget = self.profile.compaction_budget
+        return bool(budget) and self.last_prompt_tokens >= budget
+
+
 PreStep = Callable[[StepContext], str | None]
 PreExecute = Callable[[CallContext], str | None]
+AfterTurn = Callable[[uuid.UUID, TurnFacts], None]
 
 pre_step: list[PreStep] = []
 pre_execute: list[PreExecute] = []
+after_turn: list[AfterTurn] = []
+_gate: list[Gate] = []
 
 
 def register_pre_step(fn: PreStep) -> PreStep:
@@ -54,6 +115,23 @@ def register_pre_execute(fn: PreExecute) -> PreExecute:
     if fn not in pre_execute:
         pre_execute.append(fn)
     return fn
+
+
+def register_after_turn(fn: AfterTurn) -> AfterTurn:
+    if fn not in after_turn:
+        after_turn.append(fn)
+    return fn
+
+
+def register_gate(gate: Gate) -> None:
+    _gate[:] = [gate]
+
+
+def gate() -> Gate:
+    if not _gate:
+        # Failing loudly beats running every call unasked.
+        raise RuntimeError("no approval gate is registered (is approvals_app installed?)")
+    return _gate[0]
 
 
 def first_veto(ctx: CallContext) -> str | None:
@@ -70,3 +148,11 @@ def first_rejection(ctx: StepContext) -> str | None:
         if reason:
             return reason
     return None
+
+
+def run_after_turn(session_id: uuid.UUID, facts: TurnFacts) -> None:
+    for fn in list(after_turn):
+        try:
+            fn(session_id, facts)
+        except Exception:
+            logger.exception("after-turn hook %s failed for %s", fn, session_id)

@@ -1,7 +1,7 @@
 """The embedded worker: a thread pool inside the web process.
 
 Used when there is no Redis (the default for `make run`). It runs exactly the
-code a Celery worker runs (loop.drive) and the same periodic sweep, so the
+code a Celery worker runs (drive.drive) and the same periodic sweep, so the
 durability story is the same: the database is the truth and a crash of the
 process is recovered by the sweep when it starts again.
 """
@@ -14,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import connection
+
+from sessions_app.runtime.drive import drive
+from sessions_app.runtime.sweep import sweep
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,6 @@ def submit(session_id: str) -> None:
 
 
 def _run(session_id: str) -> None:
-    from sessions_app.runtime.loop import drive
 
     with _lock:
         _queued.discard(session_id)
@@ -63,8 +65,6 @@ def start_sweeper() -> None:
 
 
 def _sweep_forever() -> None:
-    from sessions_app.runtime.sweep import sweep
-
     stop = threading.Event()
     first = True
     while not stop.is_set():

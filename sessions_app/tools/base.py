@@ -32,12 +32,17 @@ class Definition:
     parameters: dict[str, Any]
     handler: Handler
     approval: Approval = "never"
-    mutating: bool = False
-    idempotent: bool = True
-    # A local call: fast, in-process, read-only and idempotent (a clock, a
-    # file read). The turn runner commits nothing before running one; its
-    # assistant message and result are committed with the step's tail. A
-    # crash in that window re-asks the model, as a crash mid-stream would,
-    # and running it again could not have harmed anything. Never for a tool
-    # that changes anything, waits on the outside world, or asks a human.
-    local: bool = False
+    # What a call of it does and costs, each said on its own:
+    mutating: bool = False  # it changes something (a file, a remote state)
+    idempotent: bool = True  # running it twice has the effect of running it once
+    in_process: bool = False  # it runs inside the worker (not an MCP server, not the network)
+    fast: bool = False  # it returns in about a millisecond and never waits on the outside world
+
+    @property
+    def runs_inline(self) -> bool:
+        """In-process, fast, read-only and idempotent (a clock, a file read):
+        the turn runner commits nothing before running one, and its assistant
+        message and result are committed with the step's tail. A crash in that
+        window re-asks the model, as a crash mid-stream would, and running it
+        again could not have harmed anything."""
+        return self.in_process and self.fast and not self.mutating and self.idempotent

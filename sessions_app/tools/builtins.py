@@ -198,13 +198,14 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
 BUILTINS: dict[str, Definition] = {
     d.name: d
     for d in (
-        Definition("clock.now", "The current UTC time in ISO 8601.", NO_ARGS, _now, local=True),
+        Definition("clock.now", "The current UTC time in ISO 8601.", NO_ARGS, _now, in_process=True, fast=True),
         Definition(
             "workspace.read",
             f"Read a UTF-8 text file from this session's workspace (at most {MAX_READ_BYTES // 1024} KiB).",
             _object({"path": _PATH}),
             _read,
-            local=True,
+            in_process=True,
+            fast=True,
         ),
         Definition(
             "workspace.write",
@@ -215,16 +216,23 @@ BUILTINS: dict[str, Definition] = {
             approval="policy",
             mutating=True,
             idempotent=True,
+            in_process=True,
         ),
         Definition(
-            "workspace.list", "List the files in this session's workspace with their sizes.", NO_ARGS, _list, local=True
+            "workspace.list",
+            "List the files in this session's workspace with their sizes.",
+            NO_ARGS,
+            _list,
+            in_process=True,
+            fast=True,
         ),
-        Definition("debug.noop", "Do nothing and answer 'ok'.", NO_ARGS, _noop, local=True),
+        Definition("debug.noop", "Do nothing and answer 'ok'.", NO_ARGS, _noop, in_process=True, fast=True),
         Definition(
             "debug.sleep",
             f"Sleep for the given number of seconds (at most {MAX_SLEEP_SECONDS}).",
             _object({"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}}),
             _sleep,
+            in_process=True,
         ),
     )
 }

@@ -10,10 +10,17 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 
 from approvals_app import services as approvals
-from approvals_app.errors import AlreadyDecided, NotAllowed, TurnClosed, UnknownCall, UnknownSession
 from approvals_app.selectors import pending
 from sessions_app import log
-from sessions_app.errors import InvalidInput, TerretError
+from sessions_app.errors import (
+    AlreadyDecided,
+    InvalidInput,
+    NotAllowed,
+    TerretError,
+    TurnClosed,
+    UnknownCall,
+    UnknownSession,
+)
 from sessions_app.models import Session
 from tests.approvals_app.conftest import count, events, park
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from approvals_app import gate
 from approvals_app.selectors import approval_records, pending_from_events, verdict_in_turn
-from sessions_app.selectors import LoggedEvent
+from sessions_app.log.reads import LoggedEvent
 from sessions_app.tools.builtins import BUILTINS
 
 WRITE = BUILTINS["workspace.write"]  # approval=policy, mutating

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from approvals_app import services as approvals
-from approvals_app.errors import AlreadyDecided, TurnClosed
 from approvals_app.selectors import pending
 from sessions_app import log, services
-from sessions_app.log import AppendedEvent, on_event
+from sessions_app.errors import AlreadyDecided, TurnClosed
+from sessions_app.log import AppendedEvent, fanout, on_event
 from sessions_app.models import AgentProfile, Session
-from sessions_app.runtime.loop import drive
+from sessions_app.runtime.drive import drive
 from tests.approvals_app.conftest import events, kinds, park
 from tests.fakes.fake_llm import Reply
 
@@ -190,9 +190,8 @@ def test_verdict_landing_while_the_parking_worker_holds_the_lease(
 ) -> None:
     """The verdict commits before the drive that parked releases its lease, so
     its wake-up would find the lease busy; the drive itself must notice."""
-    from sessions_app import log as log_module
 
-    before = list(log_module._listeners)
+    before = list(fanout._listeners)
 
     @on_event("approval/requested")
     def decide_at_once(event: AppendedEvent) -> None:
@@ -203,7 +202,7 @@ def test_verdict_landing_while_the_parking_worker_holds_the_lease(
         services.run_turn(session.id, "write")
         assert drive(session.id) == "ended"  # one drive call: no second wake-up needed
     finally:
-        log_module._listeners[:] = before
+        fanout._listeners[:] = before
     assert events(session, "turn/end") == [{"status": "completed"}]
 
 

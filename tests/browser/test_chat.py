@@ -154,7 +154,7 @@ def test_long_history_pages_back_while_live(
     start_server: Callable[..., Any], new_page: Callable[..., Any], make_user: Callable[..., Any], demo_profile: Any
 ) -> None:
     from sessions_app import log, services
-    from sessions_app.views import PAGE_SIZE
+    from sessions_app.web.sessions import PAGE_SIZE
 
     server = start_server()
     alice = make_user("alice")
@@ -183,7 +183,7 @@ def test_pages_work_without_javascript(
 ) -> None:
     from sessions_app import services
     from sessions_app.models import Event
-    from sessions_app.views import PAGE_SIZE
+    from sessions_app.web.sessions import PAGE_SIZE
 
     server = start_server(TERRET_WORKER="inprocess")  # the turn the message starts runs in daphne
     alice = make_user("alice")

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import AnonymousUser, Permission
 
-from approvals_app.errors import NotAllowed, UnknownSession
 from policies_app import allowlist, services
-from policies_app.patterns import InvalidPattern
 from policies_app.selectors import ActivePolicy, cache, current_patterns, current_policy, history
 from sessions_app import log
 from sessions_app import services as sessions
+from sessions_app.errors import InvalidPattern, NotAllowed, UnknownSession
+from sessions_app.log import fanout
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import hooks
-from sessions_app.runtime.loop import drive
+from sessions_app.runtime.drive import drive
 from sessions_app.tools.builtins import BUILTINS
 from tests.fakes.fake_llm import Reply
 
@@ -105,12 +105,12 @@ def test_cache_is_validated_against_policy_seq(
         assert current_policy(session.id, profile).patterns == ("clock.*",)
     # Another process appends (its listener runs there, not here): simulate by
     # appending with this process's listeners switched off.
-    before = list(log._listeners)
-    log._listeners[:] = []
+    before = list(fanout._listeners)
+    fanout._listeners[:] = []
     try:
         log.append(session.id, "policy/updated", {"patterns": ["debug.*"], "by": "elsewhere"})
     finally:
-        log._listeners[:] = before
+        fanout._listeners[:] = before
     with django_assert_num_queries(2):  # policy_seq moved: the stale entry is not used
         assert current_policy(session.id, profile).patterns == ("debug.*",)
 
@@ -231,7 +231,7 @@ def test_update_between_the_claim_and_the_turns_opening_is_in_force(
     commits, then the worker opens the turn. The update precedes the turn (so
     the turn's load never reads it) yet must veto the turn's first call."""
     from sessions_app.runtime import lease
-    from sessions_app.runtime.loop import _drive_with_lease
+    from sessions_app.runtime.drive import _drive_with_lease
 
     profile = AgentProfile.objects.create(
         name="late-policy", roles={"main": "test/model"}, builtin_tools=["debug.sleep"], allow_floor=["*"]
@@ -325,7 +325,7 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, ma
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from sessions_app.runtime.loop import _drive
+    from sessions_app.runtime.drive import _drive
 
     profile = AgentProfile.objects.create(
         name="no-read", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]

@@ -13,7 +13,7 @@ from django.db import connection
 
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event
-from sessions_app.runtime.loop import drive
+from sessions_app.runtime.drive import drive
 from tests.fakes.fake_llm import Reply
 from tests.sessions_app.test_log_concurrency import _child_env, _test_database_url, run_at_barrier
 

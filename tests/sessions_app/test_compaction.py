@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
-from sessions_app import compaction, log, services
-from sessions_app.compaction import CompactionResult, Declined
-from sessions_app.listeners import post_turn
+from sessions_app import log, services
+from sessions_app.errors import SummarizerFailed, SummarizerNotConfigured
+from sessions_app.log.projection import SUMMARY_PREFIX, derive_messages
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.projection import SUMMARY_PREFIX, derive_messages
-from sessions_app.runtime.loop import drive
-from sessions_app.summarizers import SummarizerFailed, SummarizerNotConfigured
-from sessions_app.usage import log_sum, totals_of
+from sessions_app.runtime.drive import drive
+from sessions_app.services import compaction
+from sessions_app.services.compaction import CompactionResult, Declined
+from sessions_app.services.post_turn import post_turn
+from sessions_app.services.usage import log_sum, totals_of
 from tests.fakes.fake_llm import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,9 +17,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from sessions_app import hints, log, services
-from sessions_app.dashboard_consumers import DashboardConsumer
+from sessions_app import log, services
+from sessions_app.log import hints
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
+from sessions_app.sockets.dashboard import DashboardConsumer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from sessions_app.events import CATALOGUE, MODEL_VISIBLE, InvalidPayload, UnknownEventKind, validate
-from sessions_app.projection import render
+from sessions_app.log.catalogue import CATALOGUE, MODEL_VISIBLE, InvalidPayload, UnknownEventKind, validate
+from sessions_app.log.projection import render
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
 CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}

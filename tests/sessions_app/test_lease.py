@@ -148,10 +148,13 @@ def test_renewal_gives_each_lease_its_own_ttl(session: Session, make_user: Any, 
 
 
 def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session: Session) -> None:
-    """log.append_releasing: the turn's last batch and the release together.
-    The head it returns is the row as left; a superseded fence writes nothing
-    and releases nothing."""
-    from sessions_app.log import HEAD_COLUMNS, LeaseLost
+    """append_many(release=True): the turn's last batch and the release
+    together. The workload it returns is the row as left; a superseded fence
+    writes nothing and releases nothing."""
+    from dataclasses import astuple
+
+    from sessions_app.log import LeaseLost
+    from sessions_app.log.records import WORKLOAD_COLUMNS as HEAD_COLUMNS
 
     services.run_turn(session.id, "go")
     held = lease.claim(session.id)
@@ -162,11 +165,12 @@ def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session:
         [("turn/end", {"status": "completed"})],
         [("session/titled", {"title": "a"}), ("session/titled", {"title": "b"})],
     ):
-        events, head = log.append_releasing(session.id, batch, fence=held.fence)
+        events = log.append_many(session.id, batch, fence=held.fence, release=True)
+        head = events.workload
         assert [e.kind for e in events] == [k for k, _ in batch]
         assert head is not None
         row = Session.objects.filter(id=session.id).values(*HEAD_COLUMNS, "lease_owner", "lease_expires_at").get()
-        assert dict(zip(HEAD_COLUMNS, head, strict=True)) == {c: row[c] for c in HEAD_COLUMNS}
+        assert dict(zip(HEAD_COLUMNS, astuple(head), strict=True)) == {c: row[c] for c in HEAD_COLUMNS}
         assert row["open_turn_seq"] is None
         assert row["lease_owner"] == "" and row["lease_expires_at"] is None
         assert lease.released(held, head).open_turn_seq is None
@@ -175,23 +179,23 @@ def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session:
     assert taken is not None and taken.gen == held.gen + 1
     last = Session.objects.get(id=session.id).last_seq
     with pytest.raises(LeaseLost):
-        log.append_releasing(session.id, [("session/titled", {"title": "late"})], fence=held.fence)
+        log.append_many(session.id, [("session/titled", {"title": "late"})], fence=held.fence, release=True)
     row = Session.objects.filter(id=session.id).values("last_seq", "lease_owner").get()
     assert row == {"last_seq": last, "lease_owner": taken.owner}
     lease.release(taken)
 
 
 def test_a_turn_ends_with_its_lease_released_by_the_last_commit(session: Session, fake_llm: Any) -> None:
-    from sessions_app.runtime.loop import TurnRunner
+    from sessions_app.runtime.runner import TurnRunner
     from tests.fakes.fake_llm import Reply
 
     fake_llm.script(Reply(text="done"))
     services.run_turn(session.id, "go")
     held = lease.claim(session.id)
-    assert held is not None and held.head.open_turn_seq is not None and held.driving.profile is not None
+    assert held is not None and held.workload.open_turn_seq is not None and held.driving.profile is not None
     runner = TurnRunner(session.id, held.driving.profile, held)
-    assert runner.run(held.head.open_turn_seq) == "ended"
-    assert runner.released is not None and runner.released.open_turn_seq is None
+    assert runner.run(held.workload.open_turn_seq) == "ended"
+    assert runner.outbox.released is not None and runner.outbox.released.open_turn_seq is None
     row = Session.objects.filter(id=session.id).values("lease_owner", "lease_expires_at", "lease_gen").get()
     assert row == {"lease_owner": "", "lease_expires_at": None, "lease_gen": held.gen}
 
@@ -200,16 +204,16 @@ def test_a_turn_ends_with_its_lease_released_by_the_last_commit(session: Session
 def test_the_claim_reads_the_open_turn_with_it(session: Session) -> None:
     """On Postgres the claim's statement also returns the open turn's view,
     so the runner's load costs no round trip; it is what turn_view reads."""
-    from sessions_app.selectors import turn_view
+    from sessions_app.log.reads import turn_view
 
     services.run_turn(session.id, "go")
     held = lease.claim(session.id)
-    assert held is not None and held.head.open_turn_seq is not None
+    assert held is not None and held.workload.open_turn_seq is not None
     try:
-        expected = turn_view(session.id, 0, held.head.open_turn_seq)
+        expected = turn_view(session.id, 0, held.workload.open_turn_seq)
         assert held.view == expected
         assert [kind for _, kind, _ in expected][-2:] == ["turn/start", "user/message"]
-        assert held.take_view(held.head.open_turn_seq + 1) is None  # another turn's: not used
+        assert held.take_view(held.workload.open_turn_seq + 1) is None  # another turn's: not used
         assert held.view is None  # taken once
     finally:
         lease.release(held)
@@ -224,7 +228,7 @@ def test_a_claim_that_waited_on_the_row_lock_drops_its_stale_view(session: Sessi
     version but, in its subquery, the snapshot from before it: the view
     would miss the event. It is dropped, and the runner reads the turn, so
     the cancel committed meanwhile is honoured with no model call."""
-    from sessions_app.runtime.loop import TurnRunner
+    from sessions_app.runtime.runner import TurnRunner
 
     services.run_turn(session.id, "go")
     locked, blocked = threading.Event(), threading.Event()
@@ -246,8 +250,8 @@ def test_a_claim_that_waited_on_the_row_lock_drops_its_stale_view(session: Sessi
     held = result["lease"]
     assert held is not None and held.view is None and held.driving.profile is not None
     runner = TurnRunner(session.id, held.driving.profile, held)
-    assert held.head.open_turn_seq is not None
-    assert runner.run(held.head.open_turn_seq) == "ended"
+    assert held.workload.open_turn_seq is not None
+    assert runner.run(held.workload.open_turn_seq) == "ended"
     assert fake_llm.requests == []
     assert list(Event.objects.filter(session=session, kind="turn/end").values_list("data", flat=True)) == [
         {"status": "cancelled"}

@@ -418,7 +418,7 @@ def test_sequential_calls_reuse_one_connection(llm: FakeLLM, adapter: OpenAIAdap
 
 
 def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
-    from sessions_app.llm.openai import _tls_context, shared_client
+    from sessions_app.llm.openai import shared_client, tls_context
 
     mine = shared_client()
     assert shared_client() is mine  # kept for the thread's next call
@@ -427,7 +427,7 @@ def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
     t.start()
     t.join()
     assert theirs[0] is not mine
-    assert _tls_context() is _tls_context()
+    assert tls_context() is tls_context()
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from sessions_app import log
-from sessions_app.log import Fence, InvalidPayload, LeaseLost, append_many
+from sessions_app.log import Fence, InvalidPayload, LeaseLost, append_many, fanout
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
-from sessions_app.usage import log_sum
+from sessions_app.services.usage import log_sum
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +83,7 @@ def test_listeners_see_a_batch_in_order_after_commit(session: Session) -> None:
     try:
         append_many(session.id, STEP_TAIL)
     finally:
-        log._listeners[:] = [(k, fn) for k, fn in log._listeners if fn is not listener]
+        fanout._listeners[:] = [(k, fn) for k, fn in fanout._listeners if fn is not listener]
     assert seen == [(1, "tool/result"), (2, "step/end"), (3, "step/start")]
 
 

@@ -1,4 +1,4 @@
-"""Guarded appends (log.append_if, append_many(guard=...)): the check and the
+"""Guarded appends (append_many(guard=...)): the check and the
 write are one statement under the session row lock, and a failed guard
 writes nothing. Runs on both databases."""
 
@@ -17,15 +17,21 @@ from sessions_app.models import Event, Session
 pytestmark = pytest.mark.django_db
 
 
+def append_if(session_id: Any, kind: str, data: dict[str, Any], *, guard: Any) -> Any:
+    """One guarded event: the event, or None when the guard failed."""
+    written = log.append_many(session_id, [(kind, data)], guard=guard)
+    return written[0] if written else None
+
+
 def kinds(session: Session) -> list[str]:
     return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
 
 
 def test_append_if_writes_while_the_guard_holds_and_then_nothing(make_session: Any) -> None:
     s = make_session()
-    first = log.append_if(s.id, "session/titled", {"title": "First"}, guard="untitled")
+    first = append_if(s.id, "session/titled", {"title": "First"}, guard="untitled")
     assert first is not None and first.seq == 1
-    again = log.append_if(s.id, "session/titled", {"title": "Second"}, guard="untitled")
+    again = append_if(s.id, "session/titled", {"title": "Second"}, guard="untitled")
     assert again is None
     s.refresh_from_db()
     assert s.title == "First" and s.last_seq == 1
@@ -35,11 +41,11 @@ def test_append_if_writes_while_the_guard_holds_and_then_nothing(make_session: A
 def test_append_if_refuses_an_unknown_guard_and_a_missing_session(make_session: Any) -> None:
     s = make_session()
     with pytest.raises(ValueError, match="unknown append guard"):
-        log.append_if(s.id, "session/titled", {"title": "x"}, guard="whenever")
+        append_if(s.id, "session/titled", {"title": "x"}, guard="whenever")
     with pytest.raises(SessionNotFound):
-        log.append_if("00000000-0000-0000-0000-000000000000", "session/titled", {"title": "x"}, guard="untitled")
+        append_if("00000000-0000-0000-0000-000000000000", "session/titled", {"title": "x"}, guard="untitled")
     with pytest.raises(log.InvalidPayload):
-        log.append_if(s.id, "session/titled", {"title": ""}, guard="untitled")
+        append_if(s.id, "session/titled", {"title": ""}, guard="untitled")
     assert kinds(s) == []
 
 
@@ -87,7 +93,7 @@ def test_racing_guarded_titles_land_once(make_session: Any) -> None:
     def title(i: int) -> None:
         barrier.wait()
         try:
-            results.append(log.append_if(s.id, "session/titled", {"title": f"t{i}"}, guard="untitled"))
+            results.append(append_if(s.id, "session/titled", {"title": f"t{i}"}, guard="untitled"))
         finally:
             connection.close()
 

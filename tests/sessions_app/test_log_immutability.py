@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, connection, transaction
 
+from sessions_app.errors import ImmutableEventError
 from sessions_app.log import append
-from sessions_app.models import Event, ImmutableEventError, Session
+from sessions_app.models import Event, Session
 
 pytestmark = pytest.mark.django_db
 

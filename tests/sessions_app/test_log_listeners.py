@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
+from django.utils import timezone
 
-from sessions_app import log
-from sessions_app.log import AppendedEvent, _Dispatcher, append, locked, on_event
+from sessions_app.log import AppendedEvent, append, backends, fanout, locked, on_event, runs
+from sessions_app.log.fanout import _Dispatcher
 
 # Listeners run from on_commit callbacks, so these tests need real commits.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,7 +25,7 @@ Listen = Callable[..., list[AppendedEvent]]
 @pytest.fixture
 def listen() -> Iterator[Listen]:
     """Register a recording listener for the test only."""
-    before = list(log._listeners)
+    before = list(fanout._listeners)
 
     def register(*kinds: str, then: Callable[[AppendedEvent], None] | None = None) -> list[AppendedEvent]:
         seen: list[AppendedEvent] = []
@@ -38,7 +39,7 @@ def listen() -> Iterator[Listen]:
         return seen
 
     yield register
-    log._listeners[:] = before
+    fanout._listeners[:] = before
 
 
 def test_listener_gets_committed_events_in_order(make_session: Any, listen: Listen) -> None:
@@ -128,7 +129,7 @@ def test_failing_listener_does_not_stop_others(make_session: Any, listen: Listen
 def assert_nothing_pending(session_id: uuid.UUID) -> None:
     """The process-wide dispatcher keeps no entry for the session: nothing
     waits, and nothing leaks in a long-lived worker."""
-    d = log.dispatcher
+    d = fanout.dispatcher
     assert session_id not in d._reserved
     assert session_id not in d._ready
     assert session_id not in d._inflight
@@ -154,7 +155,8 @@ def other_process_appends(session_id: uuid.UUID, kind: str, data: dict[str, Any]
     """What another OS process's append does, as seen from this process: the
     row and seq change, but this process's dispatcher never hears of it."""
     with transaction.atomic():
-        return log._insert(session_id, kind, data, None).seq
+        (run,) = runs.split(session_id, [runs.prepare(kind, data)], timezone.now(), None, None, False)
+        return int(backends.current().append_run(run)[0]["seq"])
 
 
 def test_failed_commit_in_locked_does_not_stall_later_events(make_session: Any, listen: Listen) -> None:
@@ -191,15 +193,16 @@ def test_failed_append_statement_does_not_stall_later_events(
 ) -> None:
     s = make_session()
     seen = listen()
-    real_insert = log._insert
+    backend = backends.current()
+    real_insert = backend.append_run
 
-    def failing_insert(*args: Any) -> AppendedEvent:
+    def failing_insert(*args: Any) -> list[dict[str, Any]]:
         raise DatabaseError("simulated statement failure")
 
-    monkeypatch.setattr(log, "_insert", failing_insert)
+    monkeypatch.setattr(backend, "append_run", failing_insert)
     with pytest.raises(DatabaseError):
         append(s.id, "turn/start", {})
-    monkeypatch.setattr(log, "_insert", real_insert)
+    monkeypatch.setattr(backend, "append_run", real_insert)
     append(s.id, "turn/start", {})
     assert [e.seq for e in seen] == [1]
     assert_nothing_pending(s.id)

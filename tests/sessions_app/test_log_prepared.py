@@ -1,4 +1,4 @@
-"""log.pg_rows: the runtime's fixed statements, bound server-side, prepared
+"""log/backends/postgres.fetch: the runtime's fixed statements, bound server-side, prepared
 on their first use on a connection unless preparing is off (a
 transaction-mode pooler: TERRET_DB_PREPARE_THRESHOLD=0), and counted like
 Django's own queries. Real PostgreSQL."""
@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from sessions_app.log import pg_rows
+from sessions_app.log.backends.postgres import fetch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -35,18 +35,18 @@ def threshold() -> Iterator[None]:
 def test_a_statement_is_prepared_on_its_first_use(threshold: None) -> None:
     connection.connection.prepare_threshold = 5
     assert prepared() == []
-    assert pg_rows(STATEMENT, [41]) == [(42,)]
+    assert fetch(STATEMENT, [41]) == [{"terret_prepared_probe": 42}]
     assert len(prepared()) == 1
 
 
 def test_nothing_is_prepared_when_preparing_is_off(threshold: None) -> None:
     connection.connection.prepare_threshold = None  # what TERRET_DB_PREPARE_THRESHOLD=0 configures
     for n in range(3):
-        assert pg_rows(STATEMENT, [n]) == [(n + 1,)]
+        assert fetch(STATEMENT, [n]) == [{"terret_prepared_probe": n + 1}]
     assert prepared() == []
 
 
 def test_its_statements_are_counted_like_djangos_own() -> None:
     with CaptureQueriesContext(connection) as queries:
-        pg_rows(STATEMENT, [1])
+        fetch(STATEMENT, [1])
     assert [q["sql"] for q in queries.captured_queries] == [STATEMENT]

@@ -11,9 +11,9 @@ from django.apps import apps
 
 from sessions_app import services
 from sessions_app.errors import InvalidInput
+from sessions_app.log.reads import model_overrides
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.runtime.models import resolve_spec
-from sessions_app.selectors import model_overrides
+from sessions_app.runtime.roles import resolve_spec
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from sessions_app.log import append
+from sessions_app.log.projection import SUMMARY_PREFIX, derive_messages, latest_compaction, render
 from sessions_app.models import Session
-from sessions_app.projection import SUMMARY_PREFIX, derive_messages, latest_compaction, render
 
 pytestmark = pytest.mark.django_db
 

@@ -15,12 +15,14 @@ from channels.routing import URLRouter
 from django.db import transaction
 from django.urls import re_path
 
-from sessions_app import consumers, hints, log
+from sessions_app import log
 from sessions_app.api import auth as tokens
-from sessions_app.api import feed
-from sessions_app.consumers import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
+from sessions_app.log import hints
 from sessions_app.models import ApiToken
-from sessions_app.ws_auth import SocketAuthStack
+from sessions_app.sockets import hub
+from sessions_app.sockets import session as consumers
+from sessions_app.sockets.auth import SocketAuthStack
+from sessions_app.sockets.session import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
 from tests.sessions_app.apiutil import fast_passwords, head, new_session, token_for
 from tests.sessions_app.sockutil import (
     closed_with,
@@ -408,7 +410,7 @@ class Recorder:
 
 
 async def test_the_hub_fans_one_subscription_out_and_survives_a_failed_join(monkeypatch):
-    layer, hub, sid = get_channel_layer(), feed.Hub(), uuid.uuid4()
+    layer, the_hub, sid = get_channel_layer(), hub.Hub(), uuid.uuid4()
     real_group_add = layer.group_add
 
     async def redis_down(group, channel):
@@ -416,11 +418,11 @@ async def test_the_hub_fans_one_subscription_out_and_survives_a_failed_join(monk
 
     monkeypatch.setattr(layer, "group_add", redis_down)
     with pytest.raises(ConnectionError):
-        await hub.subscribe(sid, Recorder())
+        await the_hub.subscribe(sid, Recorder())
     monkeypatch.setattr(layer, "group_add", real_group_add)
     first, second = Recorder(), Recorder()
-    await asyncio.wait_for(hub.subscribe(sid, first), 5)  # nothing half-made is left to wait on
-    await hub.subscribe(sid, second)
+    await asyncio.wait_for(the_hub.subscribe(sid, first), 5)  # nothing half-made is left to wait on
+    await the_hub.subscribe(sid, second)
     await layer.group_send(hints.group_name(sid), {"type": "log.hint", "seq": 5})
     await layer.group_send(hints.group_name(sid), {"type": "log.delta", "step": 2, "text": "hi"})
     async with asyncio.timeout(5):
@@ -428,6 +430,6 @@ async def test_the_hub_fans_one_subscription_out_and_survives_a_failed_join(monk
         await second.got_delta.wait()
     assert first.hints == second.hints == [5]
     assert json.loads(first.deltas[0]) == {"type": "delta", "step": 2, "text": "hi"}
-    await hub.unsubscribe(sid, first)
-    await hub.unsubscribe(sid, second)
-    assert not hub._watches
+    await the_hub.unsubscribe(sid, first)
+    await the_hub.unsubscribe(sid, second)
+    assert not the_hub._watches

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from sessions_app import compaction, log, services
+from sessions_app import log, services
+from sessions_app.log.projection import SUMMARY_PREFIX, derive_messages
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.projection import SUMMARY_PREFIX, derive_messages
-from sessions_app.summarizers import (
+from sessions_app.services import compaction
+from sessions_app.services.summarizers import (
     History,
     HistoryEvent,
     MorphSummarizer,
@@ -150,7 +151,7 @@ def test_morph_failures_decline_and_append_nothing(
 ) -> None:
     morph.mode = mode
     before = _kinds(morph_session)
-    with caplog.at_level(logging.WARNING, logger="sessions_app.summarizers"):
+    with caplog.at_level(logging.WARNING, logger="sessions_app.services.summarizers"):
         outcome = compaction.attempt(morph_session.id, manual=True)  # manual: Morph still declines, never raises
     assert outcome == compaction.Declined("the morph summarizer declined")
     assert _kinds(morph_session) == before
@@ -163,7 +164,7 @@ def test_morph_without_a_key_declines_without_calling(
 ) -> None:
     settings.MORPH_API_KEY = ""
     before = _kinds(morph_session)
-    with caplog.at_level(logging.WARNING, logger="sessions_app.summarizers"):
+    with caplog.at_level(logging.WARNING, logger="sessions_app.services.summarizers"):
         assert compaction.compact(morph_session.id, manual=True) is None
     assert morph.requests == [] and _kinds(morph_session) == before
     assert any("MORPH_API_KEY" in r.getMessage() for r in caplog.records)

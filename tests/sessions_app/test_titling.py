@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from sessions_app import services, titling
-from sessions_app.listeners import post_turn
+from sessions_app import services
+from sessions_app.log.projection import derive_messages
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.projection import derive_messages
-from sessions_app.runtime.loop import drive
+from sessions_app.runtime.drive import drive
+from sessions_app.services import titling
+from sessions_app.services.post_turn import post_turn
 from tests.fakes.fake_llm import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,7 +165,7 @@ def test_clean() -> None:
 
 
 def test_post_turn_with_the_runners_facts(fake_llm: Any, make_user: Any, django_assert_num_queries: Any) -> None:
-    from sessions_app.listeners import TurnFacts
+    from sessions_app.services.post_turn import TurnFacts
 
     session = _session(make_user)
     _first_turn(fake_llm, session, "first message")

@@ -21,7 +21,8 @@ from sessions_app.errors import (
 )
 from sessions_app.models import Agent, AgentProfile, Event, Session
 from sessions_app.runtime import hooks, lease
-from sessions_app.runtime.loop import MAX_STEPS, drive
+from sessions_app.runtime.drive import drive
+from sessions_app.runtime.runner import MAX_STEPS
 from tests.fakes.fake_llm import Reply, responder_for_mode
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -390,7 +391,7 @@ def test_a_repointed_main_role_is_used_by_the_next_step(fake_llm: Any, session: 
 
 
 def test_the_runner_hands_post_turn_what_it_knows(fake_llm: Any, session: Session, profile: AgentProfile) -> None:
-    from sessions_app.runtime.loop import _drive
+    from sessions_app.runtime.drive import _drive
 
     fake_llm.script(
         Reply(tool_calls=[("debug.noop", "{}")], usage=(11, 2, 0.0)), Reply(text="done", usage=(42, 3, 0.0))
@@ -433,19 +434,20 @@ def test_local_calls_ride_one_commit_with_the_step_tail(fake_llm: Any, session: 
 def test_refresh_catches_up_past_one_page_of_foreign_events(session: Session, monkeypatch: Any) -> None:
     """The runner reads what others committed in pages; it reads them all
     (a policy/updated beyond the first page must still be seen)."""
-    from sessions_app.runtime import loop
+    from sessions_app.runtime import runner as loop
+    from sessions_app.runtime import view
 
-    monkeypatch.setattr(loop, "REFRESH_PAGE", 2)
+    monkeypatch.setattr(view, "REFRESH_PAGE", 2)
     services.run_turn(session.id, "go")
     held = lease.claim(session.id)
-    assert held is not None and held.driving.profile is not None and held.head.open_turn_seq is not None
+    assert held is not None and held.driving.profile is not None and held.workload.open_turn_seq is not None
     try:
         runner = loop.TurnRunner(session.id, held.driving.profile, held)
-        runner.load(held.head.open_turn_seq)
+        runner.view.load(held.workload.open_turn_seq)
         for text in ("a", "b", "c", "d"):
             log.append(session.id, "input/queued", {"text": text, "wake": False})
         policy = log.append(session.id, "policy/updated", {"patterns": ["clock.*"], "by": "owner"})
-        runner.refresh()
-        assert runner.seen == policy.seq and runner.policy_seq == policy.seq
+        runner.view.refresh()
+        assert runner.view.seen == policy.seq and runner.view.policy_seq == policy.seq
     finally:
         lease.release(held)

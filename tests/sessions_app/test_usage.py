@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from django.db.models import Sum
 
-from sessions_app import compaction, log, services
+from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
-from sessions_app.usage import Totals, check_session, format_cost, log_sum_by_day, totals_of, usage
+from sessions_app.services import compaction
+from sessions_app.services.usage import Totals, check_session, format_cost, log_sum_by_day, totals_of, usage
 from tests.fakes.fake_llm import Reply, responder_for_mode
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -127,7 +128,7 @@ def _fresh_process_check(session_ids: list[str]) -> dict[str, Any]:
 
     code = (
         "import django, json, sys; django.setup();"
-        "from sessions_app.usage import check_session;"
+        "from sessions_app.services.usage import check_session;"
         "out = {}\n"
         "for sid in sys.argv[1:]:\n"
         "    ok, running, summed = check_session(sid)\n"

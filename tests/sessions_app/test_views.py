@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.views import PAGE_SIZE
+from sessions_app.web.sessions import PAGE_SIZE
 
 pytestmark = pytest.mark.django_db
 

@@ -13,9 +13,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from sessions_app import compaction
 from sessions_app.errors import TerretError
 from sessions_app.log import SessionNotFound
+from sessions_app.models import Session
+from sessions_app.services import compaction
+from sessions_app.services.usage import check_session
 
 
 class Command(BaseCommand):
@@ -56,9 +58,6 @@ class Command(BaseCommand):
         return 0
 
     def _check(self, sid: uuid.UUID) -> int:
-        from sessions_app.models import Session
-        from sessions_app.usage import check_session
-
         try:
             ok, running, summed = check_session(sid)
         except Session.DoesNotExist:

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
-from sessions_app.events import MODEL_ROLES, MODEL_VISIBLE
+from sessions_app.log import backends
+from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
+from sessions_app.log.records import LoggedEvent
+from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE
 from sessions_app.models import Agent, Event, Session
 
 EVENT_PAGE_MAX = 1000
-
-
-@dataclass(frozen=True)
-class LoggedEvent:
-    seq: int
-    kind: str
-    data: dict[str, Any]
+ViewRow = tuple[int, str, dict[str, Any]]
+PAGE = 1000
+EventFrame = tuple[int, str]  # (seq, socket frame text)
 
 
 def get_session(session_id: uuid.UUID | str) -> Session:
@@ -55,23 +54,25 @@ def turn_view_filter(session: str, start: str, turn_seq: str, alias: str = "") -
     return f"{e}session_id = {session} AND {e}seq >= {start} AND ({e}seq >= {turn_seq} OR {e}kind IN ({marks}))"
 
 
-def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[ViewRow]:
     """What a turn runner loads: from `start` (the latest compaction's seq),
-    every model-visible event, and every event from `turn_seq` on. Raw SQL:
-    it runs once per drive, on the hottest path there is."""
-    from sessions_app.log import pg_rows
+    every model-visible event, and every event from `turn_seq` on. A fixed
+    statement of the backend's: it runs once per drive, on the hottest path
+    there is."""
+    sql = f"SELECT seq, kind, data FROM {EVENT_TABLE} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
+    rows = backends.current().fetch(sql, [session_id, start, turn_seq, *TURN_VIEW_KINDS])
+    # SQLite keeps the payload as text; psycopg decodes jsonb itself.
+    return [
+        (int(r["seq"]), r["kind"], json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]) for r in rows
+    ]
 
-    pg = connection.vendor == "postgresql"
-    sql = f"SELECT seq, kind, data FROM {Event._meta.db_table} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
-    params = [session_id if pg else session_id.hex, start, turn_seq, *TURN_VIEW_KINDS]
-    if pg:
-        rows = pg_rows(sql, params)
-    else:
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-    # Django loads jsonb as text (the JSONField decodes it); so does SQLite.
-    return [(int(seq), kind, json.loads(data) if isinstance(data, str) else data) for seq, kind, data in rows]
+
+def policy_row(session_id: uuid.UUID) -> tuple[int | None, Any] | None:
+    """The session's policy in force (policy_seq: its policy/updated, None:
+    none yet) and profile id, by primary key; None for no such session."""
+    sql = f"SELECT policy_seq, profile_id FROM {SESSION_TABLE} WHERE id = %s"
+    rows = backends.current().fetch(sql, [session_id])
+    return (rows[0]["policy_seq"], rows[0]["profile_id"]) if rows else None
 
 
 def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> list[LoggedEvent]:
@@ -130,3 +131,32 @@ def usage(session: Session) -> dict[str, Any]:
         "steps": session.steps,
         "unpriced": session.unpriced_entries,
     }
+
+
+def _rows(session_id: uuid.UUID, after: int, limit: int) -> list[tuple[int, str, str, Any]]:
+    qs = (
+        Event.objects.filter(session_id=session_id, seq__gt=after)
+        .order_by("seq")
+        .annotate(raw=Cast("data", TextField()))
+        .values_list("seq", "kind", "raw", "created_at")
+    )
+    return list(qs[:limit])
+
+
+def events_page(session_id: uuid.UUID, after: int, limit: int) -> list[dict[str, Any]]:
+    """Events with seq > after, in seq order, as API dicts."""
+    return [
+        {"seq": seq, "kind": kind, "data": json.loads(raw), "at": at.isoformat()}
+        for seq, kind, raw, at in _rows(session_id, after, limit)
+    ]
+
+
+def event_frames(session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[EventFrame]:
+    """Socket frames of the events with seq > after. Built from the stored
+    JSON text without parsing it (the payload is spliced into the frame
+    as-is), so a 10k-event replay costs ten page reads and no per-event json
+    round trip."""
+    return [
+        (seq, f'{{"type":"event","seq":{seq},"kind":{json.dumps(kind)},"data":{raw},"at":"{at.isoformat()}"}}')
+        for seq, kind, raw, at in _rows(session_id, after, limit)
+    ]

@@ -1,8 +1,7 @@
-"""Writes: session and agent lifecycle, admission of input, cancel, model roles.
+"""Writes on behalf of people: input to a session (admission), and cancel.
 
-Each `do`-style function validates, then takes the session row lock (log.locked)
-for the check-then-act, appends, and leaves external effects (task dispatch,
-group sends) to run on commit.
+Each function validates, then takes the session row lock (log.locked) for
+the check-then-act, appends, and schedules the wake-up to go out on commit.
 """
 
 from __future__ import annotations
@@ -13,84 +12,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from django.conf import settings
-from django.db import connection, transaction
-from django.utils import timezone
-
 from approvals_app.selectors import pending_from_events
 from sessions_app import log
-from sessions_app.errors import (
-    AgentBusy,
-    AgentCapExceeded,
-    AgentExists,
-    IdempotencyConflict,
-    InvalidInput,
-    TurnAlreadyRunning,
-    TurnOpenInLog,
-)
-from sessions_app.events import MODEL_ROLES
-from sessions_app.models import Agent, AgentProfile, InputReceipt, Session
-from sessions_app.runtime import dispatch
-from sessions_app.selectors import pending_inputs, turn_events
+from sessions_app.errors import IdempotencyConflict, InvalidInput, TurnAlreadyRunning, TurnOpenInLog
+from sessions_app.log.reads import turn_events
+from sessions_app.models import InputReceipt, Session
+from sessions_app.runtime import admission, dispatch
+from sessions_app.services.sessions import lease_live
 
 MAX_INPUT_CHARS = 100_000
-
-
-# ---------------------------------------------------------------- agents
-
-
-def create_session(owner: Any, profile: AgentProfile, *, agent_id: str | None = None) -> Session:
-    """A new session with its live agent spawned from `profile`."""
-    with transaction.atomic():
-        session = Session.objects.create(owner=owner, profile=profile)
-        spawn_agent(session, profile, agent_id=agent_id)
-    return session
-
-
-def spawn_agent(session: Session, profile: AgentProfile, *, agent_id: str | None = None) -> Agent:
-    agent_id = agent_id or f"{profile.name}-{session.id.hex[:12]}"
-    with transaction.atomic():
-        _lock_registry()
-        if Agent.objects.filter(agent_id=agent_id).exists():
-            raise AgentExists(f"agent id {agent_id!r} is taken")
-        existing = Agent.objects.filter(session=session).first()
-        if existing is not None:
-            raise AgentExists(f"session {session.id} already has agent {existing.agent_id!r}")
-        if Agent.objects.count() >= settings.TERRET_MAX_AGENTS:
-            raise AgentCapExceeded(f"the registry is full ({settings.TERRET_MAX_AGENTS} live agents)")
-        agent = Agent.objects.create(agent_id=agent_id, session=session, profile=profile)
-        if session.profile_id != profile.pk:
-            Session.objects.filter(id=session.id).update(profile=profile)
-        log.append(session.id, "agent/spawned", {"agent_id": agent_id, "profile": profile.name})
-    return agent
-
-
-def _lock_registry() -> None:
-    # The cap is a check-then-act across rows: serialize spawns. SQLite's
-    # IMMEDIATE transactions already serialize every writer.
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [0x7E44E7])
-
-
-def dispose_agent(agent_id: str) -> None:
-    """Dispose an idle agent and free its registry slot."""
-    agent = Agent.objects.filter(agent_id=agent_id).first()
-    if agent is None:
-        raise InvalidInput(f"no agent {agent_id!r}")
-    with log.locked(agent.session_id) as tx:
-        if tx.row["open_turn_seq"] is not None or _lease_live(tx.row):
-            raise AgentBusy(f"agent {agent_id!r} is not idle")
-        Agent.objects.filter(pk=agent.pk).delete()
-        tx.append("agent/disposed", {"agent_id": agent_id})
-
-
-def _lease_live(row: dict[str, Any]) -> bool:
-    expires = row["lease_expires_at"]
-    return bool(row["lease_owner"]) and expires is not None and expires > timezone.now()
-
-
-# ---------------------------------------------------------------- turns
 
 
 def resumable(session_id: uuid.UUID | str) -> bool:
@@ -108,24 +38,6 @@ def _check_text(text: Any) -> str:
     return text
 
 
-def _open_turn(tx: log.SessionTx, text: str | None, by: str) -> int:
-    """turn/start, then whatever input was queued, then the new text.
-    Queued input goes first so the projection keeps arrival order."""
-    start = tx.append("turn/start", {"by": by} if by else {})
-    # The inbox cursor says whether anything is queued, without a read.
-    queued = (
-        pending_inputs(tx.session_id, tx.row["inbox_seq"]) if tx.row["last_input_seq"] > tx.row["inbox_seq"] else []
-    )
-    for item in queued:
-        kind = "user/message" if text is None and item.data.get("wake") else "context/injected"
-        tx.append(kind, {"text": item.data["text"], "source_seq": item.seq})
-        if kind == "user/message":
-            text = ""  # the first woken item opened the turn; the rest ride along
-    if text:
-        tx.append("user/message", {"text": text})
-    return start.seq
-
-
 def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
     """Open a turn with `text` as input and wake a worker. Returns the turn/start seq.
 
@@ -137,7 +49,7 @@ def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
     _check_text(text)
     with log.locked(session_id) as tx:
         _refuse_if_open(tx)
-        turn_seq = _open_turn(tx, text, by)
+        turn_seq = admission.open_turn(tx, text, by)
         dispatch.wake(tx.session_id)
     return turn_seq
 
@@ -145,7 +57,7 @@ def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
 def _refuse_if_open(tx: log.SessionTx) -> None:
     if tx.row["open_turn_seq"] is None:
         return
-    if tx.row["pending_approvals"] > 0 or _lease_live(tx.row):
+    if tx.row["pending_approvals"] > 0 or lease_live(tx.row):
         raise TurnAlreadyRunning(f"session {tx.session_id} is mid-turn")
     raise TurnOpenInLog(f"session {tx.session_id} has an open turn in its log; resume it")
 
@@ -199,7 +111,7 @@ def inject(
                     raise IdempotencyConflict("this idempotency key was used with a different payload")
                 return Receipt(prior.disposition, prior.seq, prior.turn_seq, idempotency_key, True)  # type: ignore[arg-type]
         if wake and tx.row["open_turn_seq"] is None:
-            turn_seq = _open_turn(tx, text, by)
+            turn_seq = admission.open_turn(tx, text, by)
             receipt = Receipt("started", tx.appended[-1].seq, turn_seq, idempotency_key)
         else:
             data: dict[str, Any] = {"text": text, "wake": wake}
@@ -224,16 +136,8 @@ def inject(
 
 
 def _start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> Receipt | None:
-    """The common admission, a wake on an idle agent with nothing queued, as
-    one guarded statement: the UPDATE's row lock decides "idle" and writes
-    turn/start + user/message, so no transaction is held open around a
-    separate read. None (nothing written) when the agent is not idle or input
-    is queued; the caller then takes the locked path, which handles both."""
-    items: list[tuple[str, dict[str, Any]]] = [
-        ("turn/start", {"by": by} if by else {}),
-        ("user/message", {"text": text}),
-    ]
-    events = log.append_many(session_id, items, guard="idle_empty_inbox")
+    """admission.start_if_idle, then the wake-up; None when it wrote nothing."""
+    events = admission.start_if_idle(session_id, text, by)
     if not events:
         return None
     dispatch.wake(events[0].session_id)
@@ -259,15 +163,3 @@ def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
             tx.append("approval/resolved", data)
         dispatch.wake(tx.session_id)
     return True
-
-
-def set_model(session_id: uuid.UUID | str, role: str, spec: str, *, by: str = "") -> log.AppendedEvent:
-    """Repoint a model role for this session, in force from the next step."""
-    if role not in MODEL_ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(MODEL_ROLES)}")
-    if not isinstance(spec, str) or not spec.strip() or len(spec) > 200:
-        raise InvalidInput("spec must be a non-empty model name")
-    data = {"role": role, "spec": spec.strip()}
-    if by:
-        data["by"] = by
-    return log.append(session_id, "model/updated", data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from sessions_app import views
+from sessions_app.web import sessions as views
 
 app_name = "sessions"
 

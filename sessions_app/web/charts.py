@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from sessions_app.usage import DayPoint, format_cost
+from sessions_app.services.usage import DayPoint, format_cost
 
 WIDTH, HEIGHT = 720, 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 12, 20, 28

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessions_app.events import MODEL_VISIBLE
+from sessions_app.log.catalogue import MODEL_VISIBLE
 from sessions_app.models import Event
 
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from django.conf import settings
 
 from sessions_app.llm.types import DEMO_SPEC
+from sessions_app.log.reads import model_overrides
 from sessions_app.models import AgentProfile
-from sessions_app.selectors import model_overrides
 
 DEFAULT_MAIN_WITH_KEY = "openai/gpt-4o-mini"
 

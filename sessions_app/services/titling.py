@@ -25,8 +25,10 @@ import uuid
 from django.db import connection
 
 from sessions_app import log
+from sessions_app.llm.registry import complete_utility
 from sessions_app.llm.types import ModelError, Usage
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.runtime.roles import resolve_spec
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +73,6 @@ def first_user_text(session_id: uuid.UUID | str) -> str | None:
 
 
 def _titler_title(spec: str, user_text: str) -> tuple[str, Usage | None]:
-    from sessions_app.llm.registry import complete_utility
-
     messages = [
         {"role": "system", "content": TITLER_PROMPT},
         {"role": "user", "content": user_text[:TITLER_INPUT_CHARS]},
@@ -94,8 +94,6 @@ def ensure_title(
     this call, or None (already titled, or no user text yet). A turn runner
     passes what it already read (the profile, the first user text, the
     session's model overrides); anything missing is read from the log."""
-    from sessions_app.runtime.models import resolve_spec
-
     sid = uuid.UUID(str(session_id))
     if profile is None:
         row = Session.objects.filter(id=sid).values("title", "profile_id").first()
@@ -122,8 +120,8 @@ def ensure_title(
 def _append_title(sid: uuid.UUID, title: str, spec: str | None, usage: Usage | None) -> str | None:
     if usage is None:
         # One guarded statement: it appends only while the session is untitled.
-        event = log.append_if(sid, "session/titled", {"title": title}, guard="untitled")
-        return title if event is not None else None
+        written = log.append_many(sid, [("session/titled", {"title": title})], guard="untitled")
+        return title if written else None
     with log.locked(sid) as tx:
         tx.append("usage/recorded", {"purpose": "title", "model": spec or "", "usage": usage.as_json()})
         if tx.row["title"]:

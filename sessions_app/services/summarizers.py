@@ -25,10 +25,12 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 
-from sessions_app.errors import TerretError
+from sessions_app.errors import SummarizerFailed, SummarizerNotConfigured
+from sessions_app.llm.registry import complete_utility
 from sessions_app.llm.types import ModelError, Usage
+from sessions_app.log.projection import SUMMARY_PREFIX
 from sessions_app.models import AgentProfile
-from sessions_app.projection import SUMMARY_PREFIX
+from sessions_app.runtime.roles import resolve_spec
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +45,6 @@ SUMMARY_SYSTEM_PROMPT = (
     "facts learned, tool calls made and what they returned (file paths, values, errors), and anything "
     "still open. Write it as plain text, in the third person, without preamble."
 )
-
-
-class SummarizerNotConfigured(TerretError):
-    code = "summarizer_not_configured"
-    status = 409
-
-
-class SummarizerFailed(TerretError):
-    code = "summarizer_failed"
-    status = 502
 
 
 @dataclass(frozen=True)
@@ -155,8 +147,6 @@ class RoleSummarizer:
         self.session_id = session_id
 
     def spec(self) -> str:
-        from sessions_app.runtime.models import resolve_spec
-
         spec = resolve_spec("compactor", self.profile, self.session_id)
         if not spec:
             raise SummarizerNotConfigured(
@@ -165,8 +155,6 @@ class RoleSummarizer:
         return spec
 
     def summarize(self, history: History) -> Summary:
-        from sessions_app.llm.registry import complete_utility
-
         spec = self.spec()
         messages = [
             {"role": "system", "content": SUMMARY_SYSTEM_PROMPT},

@@ -36,8 +36,8 @@ from approvals_app.selectors import PendingCall
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions, services
 from sessions_app.errors import TerretError
-from sessions_app.forms import MessageForm, NewSessionForm
 from sessions_app.models import Agent, Event, Session
+from sessions_app.web.forms import MessageForm, NewSessionForm
 
 # Events per page of the chat log; "load earlier" fetches the page before.
 PAGE_SIZE = 200

@@ -28,18 +28,19 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from sessions_app import compaction, permissions
-from sessions_app.charts import cost_chart
+from sessions_app import permissions
 from sessions_app.errors import TerretError
 from sessions_app.log import SessionNotFound
 from sessions_app.models import Agent, Session
-from sessions_app.usage import (
+from sessions_app.services import compaction
+from sessions_app.services.usage import (
     Totals,
     day_series,
     profile_totals_from_days,
     profile_totals_from_sessions,
     totals_of,
 )
+from sessions_app.web.charts import cost_chart
 
 PAGE_SIZE = 50
 CHART_DAYS = 30

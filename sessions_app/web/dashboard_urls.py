@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from sessions_app import dashboard_views
+from sessions_app.web import dashboard as dashboard_views
 
 app_name = "dashboard"
 

@@ -24,7 +24,9 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils.html import escape
 
-from sessions_app import hints, permissions
+from sessions_app import permissions
+from sessions_app.api import auth
+from sessions_app.log import hints
 from sessions_app.models import Session
 
 COALESCE_SECONDS = 0.5
@@ -42,8 +44,6 @@ def hint_html() -> str:
 
 def user_may_follow(user_id: Any, token_id: int | None, session_key: str | None) -> Any:
     """The socket's user if still active on a live credential, else None."""
-    from sessions_app.api import auth
-
     user = auth.active_user(user_id)
     if user is None:
         return None

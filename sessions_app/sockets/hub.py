@@ -1,10 +1,7 @@
-"""Reading the log for clients: pages of events, and socket frames.
+"""The sockets' fan-out hub: hints in, frames out.
 
-Frames are built from the stored JSON text without parsing it (the payload
-is spliced into the frame as-is), so a 10k-event replay costs ten page reads
-and no per-event json round trip.
-
-`FrameCache` keeps each watched session's newest frames per event loop.
+Frames come from reads.event_frames, built from the stored JSON text
+without parsing it. `FrameCache` keeps each watched session's newest frames per event loop.
 Events are immutable and committed seqs are gapless, so a cached frame is
 never stale: when 50 sockets watch one session, a commit hint costs one
 database read, not 50. `Hub` likewise receives each hint once per process
@@ -24,18 +21,13 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db.models import TextField
-from django.db.models.functions import Cast
 
-from sessions_app import hints
-from sessions_app.models import Event
+from sessions_app.log import hints
+from sessions_app.log.reads import PAGE, EventFrame, event_frames
 
 logger = logging.getLogger(__name__)
 
-PAGE = 1000
 TAIL_MAX = 512
-
-Frame = tuple[int, str]  # (seq, frame text)
 
 # Socket reads run on their own small pool, not asgiref's single
 # thread-sensitive thread: one slow query must not queue every socket's reads,
@@ -43,43 +35,18 @@ Frame = tuple[int, str]  # (seq, frame text)
 READ_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="terret-ws-read")
 
 
-def _rows(session_id: uuid.UUID, after: int, limit: int) -> list[tuple[int, str, str, Any]]:
-    qs = (
-        Event.objects.filter(session_id=session_id, seq__gt=after)
-        .order_by("seq")
-        .annotate(raw=Cast("data", TextField()))
-        .values_list("seq", "kind", "raw", "created_at")
-    )
-    return list(qs[:limit])
-
-
-def read_events(session_id: uuid.UUID, after: int, limit: int) -> list[dict[str, Any]]:
-    """Events with seq > after, in seq order, as API dicts."""
-    return [
-        {"seq": seq, "kind": kind, "data": json.loads(raw), "at": at.isoformat()}
-        for seq, kind, raw, at in _rows(session_id, after, limit)
-    ]
-
-
-def read_frames(session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[Frame]:
-    return [
-        (seq, f'{{"type":"event","seq":{seq},"kind":{json.dumps(kind)},"data":{raw},"at":"{at.isoformat()}"}}')
-        for seq, kind, raw, at in _rows(session_id, after, limit)
-    ]
-
-
-aread_frames = database_sync_to_async(read_frames, thread_sensitive=False, executor=READ_POOL)
+aread_frames = database_sync_to_async(event_frames, thread_sensitive=False, executor=READ_POOL)
 
 
 @dataclass
 class _Tail:
     """The newest frames of one session, contiguous by seq."""
 
-    frames: list[Frame] = field(default_factory=list)
+    frames: list[EventFrame] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watchers: int = 0
 
-    def serve(self, after: int, target: int) -> list[Frame] | None:
+    def serve(self, after: int, target: int) -> list[EventFrame] | None:
         """Frames after `after`, if this tail holds every seq up to `target`."""
         if not self.frames:
             return None
@@ -89,7 +56,7 @@ class _Tail:
         start = after + 1 - first
         return self.frames[start : start + PAGE]
 
-    def merge(self, after: int, rows: list[Frame], *, complete: bool) -> None:
+    def merge(self, after: int, rows: list[EventFrame], *, complete: bool) -> None:
         """Fold in a page read from the database (seqs after+1.. in order).
         `complete`: the page reached the log head when it was read."""
         if not rows:
@@ -120,7 +87,7 @@ class FrameCache:
         if tail.watchers <= 0:
             del self._tails[session_id]
 
-    async def read(self, session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[Frame]:
+    async def read(self, session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[EventFrame]:
         """A database read; what it finds at the head is kept for the others."""
         rows = await aread_frames(session_id, after, limit)
         tail = self._tails.get(session_id)
@@ -128,7 +95,7 @@ class FrameCache:
             tail.merge(after, rows, complete=len(rows) < limit)
         return rows
 
-    async def live(self, session_id: uuid.UUID, after: int, target: int) -> list[Frame]:
+    async def live(self, session_id: uuid.UUID, after: int, target: int) -> list[EventFrame]:
         """Frames after `after` when a hint said the log reaches `target`.
         Concurrent readers of one session wait for a single database read."""
         tail = self._tails.get(session_id)
@@ -268,7 +235,7 @@ def frame_cache() -> FrameCache:
     return cache
 
 
-def hub() -> Hub:
+def process_hub() -> Hub:
     loop = asyncio.get_running_loop()
     found = _hubs.get(loop)
     if found is None:

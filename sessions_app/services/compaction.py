@@ -48,9 +48,9 @@ from typing import Any
 from django.db import connection
 
 from sessions_app import log
-from sessions_app.events import MODEL_VISIBLE
+from sessions_app.log.catalogue import MODEL_VISIBLE
 from sessions_app.models import Agent, AgentProfile, Event, Session
-from sessions_app.summarizers import History, HistoryEvent, Summary, get_summarizer
+from sessions_app.services.summarizers import History, HistoryEvent, Summary, get_summarizer
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import jsonschema_rs
 
+from sessions_app.errors import InvalidPayload, UnknownEventKind
+
 Json = dict[str, Any]
 # A projection update: (SQL assignment, params). "NEW_SEQ" in the SQL is
 # replaced by the expression for the seq being appended.
@@ -54,7 +56,7 @@ class Kind:
     model_visible: bool
     doc: str
     project: Callable[[Json], list[Assignment]] | None = None
-    # Extra writes in the append's own statement/transaction (see log._insert):
+    # Extra writes in the append's own statement/transaction (see log/backends):
     # each SQL reads the appended row's session as `s` (s.profile_id, s.day).
     extra: Callable[[Json], list[Assignment]] | None = None
     validator: Any = field(init=False, repr=False, compare=False)
@@ -260,14 +262,6 @@ CATALOGUE: dict[str, Kind] = {
 MODEL_VISIBLE: frozenset[str] = frozenset(k.name for k in CATALOGUE.values() if k.model_visible)
 
 
-class UnknownEventKind(ValueError):
-    pass
-
-
-class InvalidPayload(ValueError):
-    pass
-
-
 def validate(kind: str, data: object) -> Kind:
     spec = CATALOGUE.get(kind)
     if spec is None:
@@ -282,3 +276,15 @@ def validate(kind: str, data: object) -> Kind:
     if errors:
         raise InvalidPayload(f"{kind}: " + "; ".join(errors))
     return spec
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a JSON-like value holds a NUL character anywhere (Postgres
+    text and jsonb cannot store one)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(has_nul(v) for v in value)
+    return False

@@ -15,7 +15,7 @@ Three tasks per socket, so nothing one of them waits on holds up the others:
   it fill, the pump just waits (it resumes from its last seq, the database
   is its queue) and deltas are dropped; other sockets are unaffected.
 
-Hints and deltas arrive through feed.Hub (on_hint, on_delta), which only
+Hints and deltas arrive through hub.Hub (on_hint, on_delta), which only
 note the news and return.
 """
 
@@ -37,8 +37,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from pydantic import ValidationError
 
-from sessions_app import hints
-from sessions_app.api import auth, feed, ops
+from sessions_app.api import auth, ops
 from sessions_app.api.errors import (
     BadFrame,
     Busy,
@@ -50,8 +49,10 @@ from sessions_app.api.errors import (
     as_error,
     error_body,
 )
-from sessions_app.api.schemas import FRAMES, Frame
+from sessions_app.api.schemas import FRAMES, ClientFrame
 from sessions_app.errors import InvalidInput, TerretError
+from sessions_app.log import hints, reads
+from sessions_app.sockets import hub
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def parse_after(scope: dict[str, Any]) -> int:
     return int(raw)
 
 
-def parse_frame(text: str | None, data: bytes | None) -> Frame:
+def parse_frame(text: str | None, data: bytes | None) -> ClientFrame:
     """A validated client frame, or a TerretError with `.frame_id` set to the
     frame's id when it had a usable one."""
     if text is None:
@@ -132,7 +133,7 @@ def _describe(exc: ValidationError) -> str:
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
-    # No channel of its own: hints reach sockets through feed.Hub, one
+    # No channel of its own: hints reach sockets through hub.Hub, one
     # channel-layer subscription per session per process (an alias that names
     # no layer makes channels skip the per-socket channel and its receive).
     channel_layer_alias = "terret-sockets-listen-through-the-hub"
@@ -146,7 +147,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         self.tasks: list[asyncio.Task[None]] = []
         self.outbox: asyncio.Queue[str | _Close] = asyncio.Queue(OUTBOX_MAX)
-        self.pending: asyncio.Queue[Frame | TerretError] = asyncio.Queue(PENDING_MAX)
+        self.pending: asyncio.Queue[ClientFrame | TerretError] = asyncio.Queue(PENDING_MAX)
         self.wake = asyncio.Event()
         self.target = 0
         self.synced = False
@@ -165,19 +166,19 @@ class SessionConsumer(AsyncWebsocketConsumer):
         except InvalidInput as exc:
             return await self._refuse(exc, 4400)
         try:
-            access = await _in_thread(ops.socket_access, feed.READ_POOL)(
+            access = await _in_thread(ops.socket_access, hub.READ_POOL)(
                 user, self.scope["url_route"]["kwargs"]["session_id"]
             )
         except TerretError as exc:
             return await self._refuse(exc, 4404 if exc.status == 404 else 4403)
 
         self.sid = access["session"]
-        feed.frame_cache().watch(self.sid)
+        hub.frame_cache().watch(self.sid)
         try:
             # Subscribe before reading the head: every event committed after
             # this line gets a hint, and everything before it is in the first read.
-            await feed.hub().subscribe(self.sid, self)
-            last_seq = await _in_thread(ops.head, feed.READ_POOL)(self.sid)
+            await hub.process_hub().subscribe(self.sid, self)
+            last_seq = await _in_thread(ops.head, hub.READ_POOL)(self.sid)
         except Exception:
             logger.exception("session socket for %s could not start", self.sid)
             await self.disconnect(1011)
@@ -200,8 +201,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         for task in getattr(self, "tasks", []):
             task.cancel()
         if self.sid is not None:
-            feed.frame_cache().unwatch(self.sid)
-            await feed.hub().unsubscribe(self.sid, self)
+            hub.frame_cache().unwatch(self.sid)
+            await hub.process_hub().unsubscribe(self.sid, self)
             self.sid = None
 
     async def _refuse(self, exc: TerretError, code: int) -> None:
@@ -219,7 +220,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             logger.exception("session socket %s failed", self.sid)
             await self.close(code=1011)
 
-    # ------------------------------------------------------------ hub (feed.Subscriber)
+    # ------------------------------------------------------------ hub (hub.Subscriber)
 
     def on_hint(self, seq: int) -> None:
         self.target = max(self.target, seq)
@@ -250,11 +251,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def _pump(self) -> None:
         assert self.sid is not None
-        cache = feed.frame_cache()
+        cache = hub.frame_cache()
         while True:  # replay: straight from the database, page by page
             rows = await cache.read(self.sid, self.last_sent)
             await self._send_events(rows)
-            if len(rows) < feed.PAGE:
+            if len(rows) < reads.PAGE:
                 break
         self.synced = True
         await self.outbox.put(json.dumps({"type": "synced", "seq": self.last_sent}))
@@ -277,25 +278,25 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     return
                 await self._send_events(rows)
 
-    async def _send_events(self, rows: list[feed.Frame]) -> None:
+    async def _send_events(self, rows: list[reads.EventFrame]) -> None:
         for seq, text in rows:
             if seq <= self.last_sent:
                 continue
             await self.outbox.put(text)  # waits while a slow client's outbox is full
             self.last_sent = seq
 
-    def _poll(self, after: int) -> list[feed.Frame]:
+    def _poll(self, after: int) -> list[reads.EventFrame]:
         assert self.sid is not None
         try:
             ops.session_for(self._current_user(), self.sid, "view")
         except TerretError as exc:
             raise AccessLost(f"you may no longer read this session: {exc}") from None
-        return feed.read_frames(self.sid, after)
+        return reads.event_frames(self.sid, after)
 
     # ------------------------------------------------------------ client frames
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        item: Frame | TerretError
+        item: ClientFrame | TerretError
         try:
             item = parse_frame(text_data, bytes_data)
         except TerretError as exc:
@@ -304,7 +305,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.pending.put_nowait(item)
         except asyncio.QueueFull:
             # Overload: this one reply may overtake earlier ones.
-            frame_id = item.id if isinstance(item, Frame) else getattr(item, "frame_id", None)
+            frame_id = item.id if isinstance(item, ClientFrame) else getattr(item, "frame_id", None)
             await self._reply_error(frame_id, Busy(f"more than {PENDING_MAX} frames are waiting; slow down"))
 
     async def _reply_error(self, frame_id: Any, exc: TerretError) -> None:

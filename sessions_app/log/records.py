@@ -1,0 +1,64 @@
+"""The values the log hands out: a committed event, a read event, a fence."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of lease ownership carried by turn code. Every fenced append
+    re-checks `gen` under the row lock and extends the lease by `ttl`."""
+
+    gen: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class AppendedEvent:
+    """An event as its append committed it."""
+
+    session_id: uuid.UUID
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "kind": self.kind, "data": self.data, "at": self.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """An event as a read returns it."""
+
+    seq: int
+    kind: str
+    data: dict[str, Any]
+
+
+# The session's workload as a lease claim, a release or a releasing append
+# leaves it: an open turn, its parked approvals, and the inbox cursor against
+# the last queued input. (The session's *head* is its last seq.)
+WORKLOAD_COLUMNS = ("open_turn_seq", "pending_approvals", "inbox_seq", "last_input_seq")
+
+
+@dataclass(frozen=True)
+class Workload:
+    open_turn_seq: int | None
+    pending_approvals: int
+    inbox_seq: int
+    last_input_seq: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Workload:
+        return cls(
+            row["open_turn_seq"], int(row["pending_approvals"]), int(row["inbox_seq"]), int(row["last_input_seq"])
+        )
+
+    @property
+    def input_pending(self) -> bool:
+        return self.last_input_seq > self.inbox_seq

@@ -1,0 +1,133 @@
+"""Turning a batch of events into runs, and a run into its SQL pieces.
+
+A run is a stretch of a batch that one UPDATE-then-INSERT can write: its
+events' projection updates touch distinct columns (neither backend applies
+two assignments to one column in one UPDATE) and at most one of them has
+extra writes (the usage-day upsert). Most batches are one run. The pieces
+here are standard SQL shared by both backends; each backend module wraps
+them in its own statement(s).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sessions_app.errors import InvalidPayload
+from sessions_app.log import catalogue
+from sessions_app.log.records import Fence
+from sessions_app.log.sql import Sql
+
+SESSION_TABLE = "sessions_app_session"
+EVENT_TABLE = "sessions_app_event"
+
+# Giving a lease up: the one place this assignment is written. Its parameter
+# is the expiry left behind (None, or a retry-after that keeps the sweep away).
+RELEASE_SET = "lease_owner = '', lease_expires_at = %s"
+
+# Conditions on the session row that a guarded append may demand, decided
+# by the append's own row lock. A guard is a key, or (key, value).
+GUARDS: dict[str, str] = {
+    "untitled": "title = ''",
+    # No open turn and nothing queued: a wake may open a turn with its own text only.
+    "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq",
+    # The policy in force is still the given policy/updated seq (0: none yet).
+    "policy_at": "COALESCE(policy_seq, 0) = %s",
+}
+Guard = str | tuple[str, Any]
+
+
+def guard_sql(guard: Guard) -> Sql:
+    """The guard's condition; ValueError for an unknown key or a wrong number of values."""
+    name, *values = (guard,) if isinstance(guard, str) else guard
+    sql = GUARDS.get(name)
+    if sql is None:
+        raise ValueError(f"unknown append guard {name!r}")
+    if sql.count("%s") != len(values):
+        raise ValueError(f"append guard {name!r} takes {sql.count('%s')} value(s)")
+    return Sql(sql, *values)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One event, validated and serialized, ready to write."""
+
+    kind: str
+    data: dict[str, Any]
+    spec: catalogue.Kind
+    payload: str
+
+
+def prepare(kind: str, data: dict[str, Any]) -> Item:
+    """Validate (UnknownEventKind, InvalidPayload) and serialize; nothing is written yet."""
+    spec = catalogue.validate(kind, data)
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    if "\\u0000" in payload and catalogue.has_nul(data):
+        # jsonb (and so the log on Postgres) cannot hold NUL; refuse on every
+        # backend so both behave the same.
+        raise InvalidPayload(f"{kind}: strings must not contain NUL characters")
+    return Item(kind, data, spec, payload)
+
+
+@dataclass
+class Run:
+    session_id: uuid.UUID
+    items: list[Item]
+    now: datetime
+    fence: Fence | None = None
+    guard: Guard | None = None
+    release: bool = False
+    projections: list[Sql] = field(default_factory=list)
+    extras: list[catalogue.Assignment] = field(default_factory=list)
+
+    def set_sql(self) -> Sql:
+        """The UPDATE's SET list: seq, projections, and the lease's expiry."""
+        parts = [Sql(f"last_seq = last_seq + {len(self.items)}"), Sql("last_event_at = %s", self.now)]
+        parts += self.projections
+        if self.release:
+            parts.append(Sql(RELEASE_SET, None))
+        elif self.fence is not None:
+            parts.append(Sql("lease_expires_at = %s", self.now + timedelta(seconds=self.fence.ttl)))
+        return Sql().join(", ", parts)
+
+    def where_sql(self, session_param: Any) -> Sql:
+        where = Sql("id = %s", session_param)
+        if self.fence is not None:
+            where.add(" AND lease_gen = %s", self.fence.gen)
+        if self.guard is not None:
+            where.add(" AND ").extend(guard_sql(self.guard))
+        return where
+
+
+def split(
+    session_id: uuid.UUID,
+    items: list[Item],
+    now: datetime,
+    fence: Fence | None,
+    guard: Guard | None,
+    release: bool,
+) -> list[Run]:
+    """The batch as runs, in order. Only the first run carries the guard
+    (its row lock decides for the batch) and only the last one releases."""
+    runs: list[Run] = []
+    columns: set[str] = set()
+    for item in items:
+        assignments = item.spec.project(item.data) if item.spec.project is not None else []
+        extras = item.spec.extra(item.data) if item.spec.extra is not None else []  # noqa: S610 - the catalogue's SQL
+        names = {sql.split("=", 1)[0].strip() for sql, _ in assignments}
+        run = runs[-1] if runs else None
+        if run is None or names & columns or (extras and run.extras):
+            run = Run(session_id, [], now, fence, guard if not runs else None)
+            runs.append(run)
+            columns = set()
+        position = len(run.items) + 1
+        run.items.append(item)
+        columns |= names
+        run.projections += [Sql(sql.replace("NEW_SEQ", f"last_seq + {position}"), *p) for sql, p in assignments]
+        run.extras += extras
+    if runs:
+        runs[-1].release = release
+    return runs

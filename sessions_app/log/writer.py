@@ -1,0 +1,212 @@
+"""The writer: the only code that inserts events (see the package docstring).
+
+Every write goes through `_write`: validate and serialize the events, split
+the batch into runs (runs.split), and write each run with the backend's
+UPDATE-then-INSERT, either as one autocommit statement (PostgreSQL, outside
+a transaction, a single run) or inside a transaction. Seq assignment happens
+in the UPDATE of the session row, which holds the row lock until commit; on
+SQLite the IMMEDIATE transaction serializes writers instead. Two appenders in
+two OS processes therefore never claim the same seq, and seqs run gapless
+from 1 (a rolled-back transaction rolls back its seq too).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from sessions_app.errors import LeaseLost, SessionNotFound
+from sessions_app.log import backends, fanout, hints, runs
+from sessions_app.log.records import WORKLOAD_COLUMNS, AppendedEvent, Fence, Workload
+from sessions_app.log.runs import Guard, Run
+from sessions_app.models import Session
+
+Items = list[tuple[str, dict[str, Any]]]
+
+
+class Appended(list[AppendedEvent]):
+    """The events an append wrote, in seq order (empty: a guard failed and
+    nothing was written). A releasing append also carries the session's
+    workload as it left it."""
+
+    workload: Workload | None = None
+
+
+def append(
+    session_id: uuid.UUID | str, kind: str, data: dict[str, Any], *, fence: Fence | None = None
+) -> AppendedEvent:
+    (event,) = _write(_sid(session_id), [(kind, data)], fence=fence, guard=None, release=False)
+    return event
+
+
+def append_many(
+    session_id: uuid.UUID | str,
+    items: Items,
+    *,
+    fence: Fence | None = None,
+    guard: Guard | None = None,
+    release: bool = False,
+) -> Appended:
+    if release and fence is None:
+        raise ValueError("a releasing append needs the lease's fence")
+    if not items:
+        return Appended()
+    return _write(_sid(session_id), items, fence=fence, guard=guard, release=release)
+
+
+def _sid(session_id: uuid.UUID | str) -> uuid.UUID:
+    return session_id if isinstance(session_id, uuid.UUID) else uuid.UUID(str(session_id))
+
+
+def _write(sid: uuid.UUID, items: Items, *, fence: Fence | None, guard: Guard | None, release: bool) -> Appended:
+    prepared = [runs.prepare(kind, data) for kind, data in items]  # refuse before writing anything
+    if guard is not None:
+        runs.guard_sql(guard)
+    batch = runs.split(sid, prepared, timezone.now(), fence, guard, release)
+    backend = backends.current()
+    if backend.ONE_STATEMENT and len(batch) == 1 and not connection.in_atomic_block:
+        return _write_autocommit(backend, batch[0])
+    return _write_atomic(backend, batch)
+
+
+def _write_autocommit(backend: Any, run: Run) -> Appended:
+    """One statement, its own transaction: committed when it returns. No seq
+    can be reserved before commit here, so the fan-out holds the session's
+    deliveries while the statement is in flight (fanout._Dispatcher)."""
+    sid = run.session_id
+    events = Appended()
+    fanout.dispatcher.begin(sid)
+    try:
+        rows = backend.append_run(run)
+        if not rows:
+            _nothing_written(run)
+            return events
+        events.extend(_events(run, rows))
+        if run.release:
+            events.workload = Workload.from_row(rows[0])
+    finally:
+        fanout.dispatcher.end_many(sid, list(events))
+    hints.publish_event(sid, events[-1].seq)
+    return events
+
+
+def _write_atomic(backend: Any, batch: list[Run]) -> Appended:
+    sid = batch[0].session_id
+    # Reservations are exact only when this block owns the transaction; inside
+    # a caller's transaction an outer rollback could not release them.
+    track = not connection.in_atomic_block
+    events = Appended()
+    # The try wraps the atomic block: a COMMIT that fails (dropped connection)
+    # rolls the seqs back too, and a reservation left behind would hold back
+    # every later event of the session in this process.
+    try:
+        with transaction.atomic():
+            for run in batch:
+                rows = backend.append_run(run)
+                if not rows:
+                    _nothing_written(run)  # only the first run can get here: it holds the row lock after
+                    return events
+                new = _events(run, rows)
+                if track:
+                    for event in new:
+                        fanout.dispatcher.reserve(sid, event.seq)
+                events.extend(new)
+                if run.release:
+                    events.workload = Workload.from_row(rows[0])
+            committed = list(events)
+            transaction.on_commit(lambda: fanout.after_commit(committed), robust=True)
+    except BaseException:
+        if track:
+            fanout.dispatcher.release(sid, [e.seq for e in events])
+        raise
+    return events
+
+
+def _events(run: Run, rows: list[dict[str, Any]]) -> list[AppendedEvent]:
+    return [
+        AppendedEvent(run.session_id, int(row["seq"]), item.kind, item.data, run.now)
+        for row, item in zip(rows, run.items, strict=True)
+    ]
+
+
+def _nothing_written(run: Run) -> None:
+    """The session row did not match: returns if it was the guard, raises
+    SessionNotFound or LeaseLost otherwise."""
+    current = Session.objects.filter(id=run.session_id).values_list("lease_gen", flat=True).first()
+    if current is None:
+        raise SessionNotFound(f"no session {run.session_id}")
+    if run.fence is not None and current != run.fence.gen:
+        raise LeaseLost(f"session {run.session_id}: lease generation {run.fence.gen} superseded by {current}")
+    if run.guard is None:
+        raise LeaseLost(f"session {run.session_id}: the row did not match lease generation {current}")
+
+
+# ---------------------------------------------------------------- locked
+
+
+LOCK_COLUMNS = (
+    "id",
+    "owner_id",
+    "profile_id",
+    "last_seq",
+    "compacted_seq",
+    "policy_seq",
+    "title",
+    "model_main",
+    "model_titler",
+    "model_compactor",
+    "lease_owner",
+    "lease_gen",
+    "lease_expires_at",
+    *WORKLOAD_COLUMNS,
+)
+
+
+@dataclass
+class SessionTx:
+    """A transaction holding one session's row lock (see `locked`). `row` is
+    the session row as locked (LOCK_COLUMNS); append through `append`."""
+
+    session_id: uuid.UUID
+    fence: Fence | None
+    row: dict[str, Any]
+    appended: list[AppendedEvent] = field(default_factory=list)
+    track: bool = True
+
+    def append(self, kind: str, data: dict[str, Any]) -> AppendedEvent:
+        (run,) = runs.split(self.session_id, [runs.prepare(kind, data)], timezone.now(), self.fence, None, False)
+        rows = backends.current().append_run(run)
+        if not rows:
+            _nothing_written(run)
+        (event,) = _events(run, rows)
+        if self.track:
+            fanout.dispatcher.reserve(self.session_id, event.seq)
+        self.appended.append(event)
+        transaction.on_commit(lambda: fanout.after_commit([event]), robust=True)
+        return event
+
+
+@contextmanager
+def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterator[SessionTx]:
+    sid = _sid(session_id)
+    track = not connection.in_atomic_block
+    tx: SessionTx | None = None
+    try:
+        with transaction.atomic():
+            row = Session.objects.select_for_update().filter(id=sid).values(*LOCK_COLUMNS).first()
+            if row is None:
+                raise SessionNotFound(f"no session {sid}")
+            if fence is not None and row["lease_gen"] != fence.gen:
+                raise LeaseLost(f"session {sid}: lease generation {fence.gen} superseded by {row['lease_gen']}")
+            tx = SessionTx(sid, fence, row, track=track)
+            yield tx
+    except BaseException:
+        if track and tx is not None:
+            fanout.dispatcher.release(sid, [e.seq for e in tx.appended])
+        raise

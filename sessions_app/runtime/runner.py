@@ -1,0 +1,294 @@
+"""The step logic of one open turn.
+
+A TurnRunner reads its turn once (view.TurnView), then runs or resumes it
+step by step: the model call, then each tool call through the pre-execute
+hooks (the allow-list's veto), the approval gate and the executor. What it
+appends goes through its outbox (outbox.Outbox), fenced on the lease.
+
+Rules kept here:
+- Model calls and tool runs happen outside any transaction, with the
+  database connection handed back to the pool first.
+- A turn holds no worker while parked: the runner returns, and the commit of
+  approval/resolved wakes a worker again.
+- The projection never carries a tool call without its result: a cancelled
+  turn gives every owed call an error result before it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from sessions_app.llm.registry import get_adapter
+from sessions_app.llm.types import ModelError, ModelReply, ToolCall
+from sessions_app.log import hints
+from sessions_app.log.records import LoggedEvent
+from sessions_app.models import AgentProfile
+from sessions_app.runtime import admission, hooks
+from sessions_app.runtime import lease as leases
+from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
+from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.view import TurnState, TurnView
+from sessions_app.tools.base import Definition, ToolContext
+from sessions_app.tools.executor import execute
+from sessions_app.tools.registry import registry_for_profile
+
+logger = logging.getLogger(__name__)
+
+MAX_STEPS = 25
+DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
+
+
+class TurnRunner:
+    """Runs one open turn of `session_id` under `lease`."""
+
+    def __init__(self, session_id: uuid.UUID, profile: AgentProfile, lease: leases.Lease) -> None:
+        self.sid = session_id
+        self.profile = profile
+        self.lease = lease
+        self.registry = registry_for_profile(profile)
+        self.view = TurnView(session_id, profile, lease)
+        self.outbox = Outbox(session_id, lease, self.view)
+
+    # -- plumbing
+
+    def flush(self, *, release: bool = False) -> list[Any]:
+        return self.outbox.flush(self.redo_inline, release=release)
+
+    def facts(self) -> hooks.TurnFacts:
+        return hooks.TurnFacts(
+            profile=self.profile,
+            titled=self.lease.driving.titled,
+            first_user_text=self.view.first_user_text,
+            last_prompt_tokens=self.view.last_prompt_tokens,
+            overrides=self.lease.driving.overrides,
+        )
+
+    def end(self, status: str, error: str = "") -> Outcome:
+        self.outbox.emit("turn/end", {"status": status, "error": error} if error else {"status": status})
+        self.flush(release=True)
+        return Outcome.ENDED
+
+    # -- the turn
+
+    def run(self, turn_seq: int) -> Outcome:
+        self.view.load(turn_seq)
+        st = self.outbox.state()
+        resuming = st.max_step > 0
+        if st.cancel_requested:
+            return self.close_cancelled(st)
+        if not resuming:
+            reason = hooks.first_rejection(hooks.StepContext(self.sid, self.profile))
+            if reason:
+                return self.end("rejected", reason)
+        if st.open_step is not None:
+            outcome = self.close_open_step(st)
+            if outcome is not None:
+                return outcome
+        while True:
+            st = self.outbox.state()
+            if st.cancel_requested:
+                return self.close_cancelled(st)
+            if self.lease.lost.is_set():
+                return Outcome.LOST
+            step = st.max_step + 1
+            if step > MAX_STEPS:
+                return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
+            if st.inbox_pending:
+                self.flush()
+                self.drain_inbox()
+                st = self.outbox.state()
+            if st.max_step == 0 and not st.has_input:
+                return self.end("empty")
+            outcome = self.step(step, resuming)
+            if outcome is not None:
+                return outcome
+
+    def close_open_step(self, st: TurnState) -> Outcome | None:
+        """Resume inside a step: re-execute what its assistant message still
+        owes (verdicts come from the log), then close it. A step that died
+        before its assistant message stays unclosed; numbering continues."""
+        message = st.assistant_in_open_step()
+        if message is None or st.open_step is None:
+            return None
+        if self.execute_calls(message, st) is Outcome.PARKED:
+            return Outcome.PARKED
+        end: dict[str, Any] = {"step": st.open_step}
+        if message.data.get("usage"):
+            end["usage"] = message.data["usage"]
+        self.outbox.emit("step/end", end)
+        return None
+
+    def drain_inbox(self) -> None:
+        """Queued input rides into the next step as context/injected."""
+        admission.drain_inbox(self.sid, self.lease.fence)
+        self.view.refresh()
+
+    def step(self, step: int, resuming: bool) -> Outcome | None:
+        spec = self.view.spec
+        self.outbox.emit("step/start", {"step": step, "model": spec})
+        self.flush()  # with the previous step's tail: one commit before the model call
+        st = self.outbox.state()
+        if st.cancel_requested:
+            return self.close_cancelled(st)
+        if st.inbox_pending:
+            self.drain_inbox()
+            st = self.outbox.state()
+        system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
+        try:
+            reply = self.call_model(spec, [system, *self.view.messages], step)
+        except ModelError as exc:
+            if resuming:
+                # A failed resume leaves the turn open: it still owes its
+                # caller, and the outage is usually transient.
+                logger.warning("resume of %s failed: %s", self.sid, exc)
+                return Outcome.RESUME_FAILED
+            return self.end("failed", f"model call failed: {exc}")
+        self.outbox.emit("assistant/message", _assistant_payload(reply))
+        end: dict[str, Any] = {"step": step}
+        if reply.usage is not None:
+            end["usage"] = reply.usage.as_json()
+        if not reply.tool_calls:
+            self.outbox.emit("step/end", end)
+            return self.end("completed")
+        if all(self.runs_inline(call) for call in reply.tool_calls):
+            # Nothing but inline calls: no commit before them (see
+            # Definition.runs_inline); the message keeps its provisional seq.
+            message = self.outbox.provisional(1)
+        else:
+            (appended,) = self.flush()[-1:]
+            message = LoggedEvent(appended.seq, appended.kind, appended.data)
+        # `st` predates this message, which is right: its calls have no
+        # results or verdicts yet, and earlier verdicts of the turn are in it.
+        if self.execute_calls(message, st) is Outcome.PARKED:
+            return Outcome.PARKED
+        self.outbox.emit("step/end", end)
+        return None
+
+    def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
+        connection.close()  # no pooled connection is held across the model call
+        return get_adapter(spec).complete(
+            spec,
+            messages,
+            self.registry.specs(),
+            on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
+        )
+
+    # -- tools
+
+    def runs_inline(self, call: ToolCall) -> bool:
+        """A call the runner makes without committing first: an inline tool
+        (Definition.runs_inline) that no approval setting makes ask."""
+        defn = self.registry.get(call.name)
+        return (
+            defn is not None
+            and defn.runs_inline
+            and not hooks.gate().needs_approval(defn, self.profile.approvals or {})
+        )
+
+    def execute_calls(self, message: LoggedEvent, st: TurnState) -> Outcome | None:
+        parked = False
+        for call in st.owed_calls(message):
+            if self.run_call(call, st, message.seq) is Outcome.PARKED:
+                parked = True
+        if parked:
+            self.flush()
+            return Outcome.PARKED
+        return None
+
+    def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> Outcome | None:
+        defn = self.registry.get(call.name)
+        if defn is None:
+            return self.result(call, f"unknown tool {call.name!r}", True)
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            return self.result(call, "arguments are not valid JSON", True)
+        if not isinstance(args, dict):
+            return self.result(call, "arguments must be a JSON object", True)
+        if self.runs_inline(call):
+            self.outbox.emit_inline(call, defn, args, self.inline_result(call, defn, args))
+            return None
+        # Commit what is buffered first: that commit reveals any policy/updated
+        # committed meanwhile (outbox.py), so the veto sees every update.
+        self.flush()
+        veto = hooks.first_veto(self.call_context(defn, args))
+        if veto:
+            return self.result(call, f"vetoed: {veto}", True)
+        gate = hooks.gate()
+        # Verdicts bind to this call: same id, tool and args, asked after its message.
+        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
+        if decision.action == "ask":
+            self.flush()  # the request's row-lock check must see everything before it
+            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
+                # Cancelled meanwhile: asking now would leave a request no one denies.
+                return self.result(call, "cancelled: the turn was cancelled", True)
+            self.view.refresh()
+            return Outcome.PARKED
+        if decision.action == "park":
+            return Outcome.PARKED
+        if decision.action == "deny":
+            return self.result(call, f"denied: {decision.reason}", True)
+        return self.run_tool(defn, call)
+
+    def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
+        return hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.view.policy_seq)
+
+    def inline_result(self, call: ToolCall, defn: Definition, args: dict[str, Any]) -> Entry:
+        """The tool/result of an inline call under the view's policy (an
+        inline call never asks for approval: see runs_inline)."""
+        veto = hooks.first_veto(self.call_context(defn, args))
+        if veto:
+            return _result(call, f"vetoed: {veto}", True)
+        outcome = execute(defn, self.tool_context(call), call.arguments)
+        return _result(call, outcome.content, outcome.is_error)
+
+    def redo_inline(self, pending: InlineCall) -> Entry:
+        return self.inline_result(pending.call, pending.definition, pending.args)
+
+    def tool_context(self, call: ToolCall) -> ToolContext:
+        return ToolContext(self.sid, call.id, settings.TERRET_WORKSPACE_ROOT / self.sid.hex)
+
+    def run_tool(self, defn: Definition, call: ToolCall) -> Outcome | None:
+        self.flush()  # earlier results are durable before this tool runs
+        connection.close()  # tools may be slow; hold no connection meanwhile
+        outcome = execute(defn, self.tool_context(call), call.arguments)
+        return self.result(call, outcome.content, outcome.is_error)
+
+    def result(self, call: ToolCall, content: str, is_error: bool) -> Outcome | None:
+        """Buffer the call's result; the call needs nothing more (None)."""
+        self.outbox.emit(*_result(call, content, is_error))
+        return None
+
+    # -- cancel
+
+    def close_cancelled(self, st: TurnState) -> Outcome:
+        """End cancelled. Calls still owed get an error result first."""
+        for e in st.events:
+            if e.kind == "assistant/message":
+                for call in st.owed_calls(e):
+                    self.result(call, "cancelled: the turn was cancelled", True)
+        if st.open_step is not None:
+            message = st.assistant_in_open_step()
+            usage = message.data.get("usage") if message else None
+            self.outbox.emit("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step})
+        return self.end("cancelled")
+
+
+def _result(call: ToolCall, content: str, is_error: bool) -> Entry:
+    return "tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
+
+
+def _assistant_payload(reply: ModelReply) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "content": reply.content,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls],
+    }
+    if reply.usage is not None:
+        data["usage"] = reply.usage.as_json()
+    return data
