@@ -2,9 +2,10 @@
 
 Thin on purpose. It joins the "approvals" group, and for every approval
 requested or decided anywhere (approvals_app.listeners, after commit) it
-sends one small htmx out-of-band element that makes the page GET the queue
-fragment again, through the permission-checked view. Hints carry no call
-data, and several arriving together are coalesced into one refetch.
+renders the reviewer's queue again for this user and sends it as an htmx
+out-of-band swap (web/present.queue_fragment); several changes arriving
+together are coalesced into one, and it refreshes every REFRESH_SECONDS too,
+since hints can be lost. Hints carry no call data.
 
 Access is checked when connecting and again on every frame either way: a
 client frame (this socket takes no commands) and every hint sent. A user who
@@ -22,14 +23,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.urls import reverse
-from django.utils.html import escape
 
 from approvals_app.listeners import GROUP
 from sessions_app.api import auth
 from sessions_app.errors import NotAllowed, TerretError
 from sessions_app.log import hints
 from sessions_app.permissions import is_reviewer
+from sessions_app.web.present import queue_fragment
 
 COALESCE_SECONDS = 0.25
 
@@ -39,13 +39,15 @@ class Unauthenticated(TerretError):
     status = 401
 
 
-def hint_html() -> str:
-    """An out-of-band swap whose `load` trigger refetches the queue fragment."""
-    url = escape(reverse("approvals:queue_fragment"))
-    return (
-        f'<div id="approvals-live" hx-swap-oob="true" hidden hx-get="{url}" hx-trigger="load" '
-        'hx-target="#approval-queue" hx-swap="outerHTML"></div>'
-    )
+REFRESH_SECONDS = 60.0
+
+
+def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
+    """The queue fragment, or None when the user may no longer follow it."""
+    if not still_allowed(user_id, token_id, session_key):
+        return None
+    user = auth.active_user(user_id)
+    return queue_fragment(user) if user is not None else None
 
 
 def _error(exc: TerretError) -> str:
@@ -73,6 +75,7 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         # The in-memory channel layer lives in this loop (embedded mode).
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         self.flush: asyncio.Task[None] | None = None
+        self.refresh: asyncio.Task[None] | None = None
         await self.accept()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -85,10 +88,12 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
             return await self._refuse(NotAllowed("the approval queue needs the approve permission"), 4403)
         await self.channel_layer.group_add(GROUP, self.channel_name)
         self.joined = True
+        self.refresh = asyncio.create_task(self._refresh_every())
 
     async def disconnect(self, code: int) -> None:
-        if self.flush is not None:
-            self.flush.cancel()
+        for task in (self.flush, getattr(self, "refresh", None)):
+            if task is not None:
+                task.cancel()
         if self.joined:
             await self.channel_layer.group_discard(GROUP, self.channel_name)
             self.joined = False
@@ -96,19 +101,28 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if not await self._allowed():
             return await self._refuse(NotAllowed("you may no longer follow the approval queue"), 4403)
-        await self.send(text_data=_error(NotAllowed("this socket only sends hints; decide through the page or API")))
+        await self.send(text_data=_error(NotAllowed("this socket takes no frames; decide through the page or API")))
 
     async def approvals_changed(self, message: dict[str, Any]) -> None:
-        """Group handler: schedule one refetch hint for this burst of changes."""
+        """Group handler: schedule one fragment for this burst of changes."""
         if self.flush is None or self.flush.done():
-            self.flush = asyncio.create_task(self._send_hint())
+            self.flush = asyncio.create_task(self._send_burst())
 
-    async def _send_hint(self) -> None:
+    async def _send_burst(self) -> None:
         await asyncio.sleep(COALESCE_SECONDS)
-        if not await self._allowed():
+        await self._send_queue()
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_SECONDS)
+            await self._send_queue()
+
+    async def _send_queue(self) -> None:
+        html = await database_sync_to_async(queue_for_user)(self.user_id, self.token_id, self.session_key)
+        if html is None:
             await self._refuse(NotAllowed("you may no longer follow the approval queue"), 4403)
             return
-        await self.send(text_data=hint_html())
+        await self.send(text_data=html)
 
     async def _allowed(self) -> bool:
         if self.user_id is None:

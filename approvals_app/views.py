@@ -29,6 +29,7 @@ from approvals_app.selectors import queue_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
 from sessions_app.permissions import can_view, is_reviewer
+from sessions_app.web.socket_paths import socket_url
 
 QUEUE_TEMPLATE = "approvals/queue.html"
 INLINE_TEMPLATE = "approvals/inline.html"
@@ -47,7 +48,7 @@ def _viewable(request: HttpRequest, session_id: uuid.UUID) -> Session:
 
 
 def _queue_context(request: HttpRequest, *, notice: str = "", error: str = "") -> dict[str, object]:
-    return {"queue": queue_for(request.user), "notice": notice, "error": error}
+    return {"queue": queue_for(request.user), "notice": notice, "error": error, "socket_url": socket_url("approvals")}
 
 
 def _inline_context(session: Session, *, notice: str = "", error: str = "") -> dict[str, object]:

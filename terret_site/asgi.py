@@ -16,7 +16,7 @@ from terret_site.routing import websocket_urlpatterns  # noqa: E402
 application = ProtocolTypeRouter(
     {
         # Serves STATIC_URL from the finders (static/, app static dirs): the
-        # vendored htmx and the live client load without a CDN or a proxy.
+        # htmx (from django-htmx) and the live client load without a CDN or a proxy.
         "http": ASGIStaticFilesHandler(django_asgi_app),
         # Cookie sockets pass AllowedHostsOriginValidator + AuthMiddlewareStack;
         # ?token= / Bearer sockets are authenticated by the token (ws_auth.py).

@@ -25,8 +25,10 @@ def approval_items(session: Any, pending: list[PendingCall] | None = None) -> li
 
 @register.simple_tag(takes_context=True)
 def can_decide(context: template.Context, session: Any) -> bool:
+    """For the request's user, or for `user` when a socket renders the fragment."""
     request = context.get("request")
-    return bool(request is not None and can_approve(request.user, session))
+    user = request.user if request is not None else context.get("user")
+    return bool(user is not None and can_approve(user, session))
 
 
 @register.filter

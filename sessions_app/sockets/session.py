@@ -184,6 +184,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self.disconnect(1011)
             await self.close(code=1011)  # the client reconnects with ?after=
             return
+        await self.outbox.put(self.hello_frame(access, last_seq))
+        for job in (self._writer(), self._pump(), self._actor()):
+            self.tasks.append(asyncio.create_task(self._guard(job)))
+
+    def hello_frame(self, access: dict[str, Any], last_seq: int) -> str:
         hello = {
             "type": "hello",
             "session": str(self.sid),
@@ -193,9 +198,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,
         }
-        await self.outbox.put(json.dumps(hello))
-        for job in (self._writer(), self._pump(), self._actor()):
-            self.tasks.append(asyncio.create_task(self._guard(job)))
+        return json.dumps(hello)
+
+    def synced_frame(self) -> str:
+        return json.dumps({"type": "synced", "seq": self.last_sent})
 
     async def disconnect(self, code: int) -> None:
         for task in getattr(self, "tasks", []):
@@ -245,7 +251,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             if isinstance(item, _Close):
                 await self.close(code=item.code)
                 return
-            await self.send(text_data=item)
+            if item:
+                await self.send(text_data=item)
 
     # ------------------------------------------------------------ pump
 
@@ -258,7 +265,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             if len(rows) < reads.PAGE:
                 break
         self.synced = True
-        await self.outbox.put(json.dumps({"type": "synced", "seq": self.last_sent}))
+        await self.outbox.put(self.synced_frame())
         while True:
             self.wake.clear()
             if self.target > self.last_sent:

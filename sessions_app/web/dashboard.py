@@ -6,9 +6,9 @@ per-day series and per-profile totals over all sessions are shown to users
 who may view every session (staff, reviewers); others see totals over their
 own sessions only.
 
-Live updates: the page holds a websocket to /ws/dashboard/
-(dashboard_consumers.py); a commit hint there makes htmx GET the body partial
-again. The body also refreshes every 30 s, since hints can be lost.
+Live updates: the page holds a websocket to /ws/dashboard/ (sockets/
+dashboard.py), which sends the body partial rendered again after each burst
+of commits, and every 30 s since hints can be lost (dashboard_fragment).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from django.core.paginator import Paginator
 from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -41,10 +42,11 @@ from sessions_app.services.usage import (
     totals_of,
 )
 from sessions_app.web.charts import cost_chart
+from sessions_app.web.present import status_label
+from sessions_app.web.socket_paths import socket_url
 
 PAGE_SIZE = 50
 CHART_DAYS = 30
-STATUS_LABELS = {"idle": "idle", "running": "running", "waiting_approval": "waiting for approval"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class SessionRow:
 
     @property
     def status_label(self) -> str:
-        return STATUS_LABELS.get(self.session.status, self.session.status)
+        return status_label(self.session.status)
 
 
 def _agent_id(session: Session) -> str:
@@ -70,13 +72,12 @@ def sees_everything(user: Any) -> bool:
     return bool(user.is_staff or permissions.is_reviewer(user))
 
 
-def dashboard_context(request: HttpRequest) -> dict[str, Any]:
-    user = request.user
+def dashboard_context(user: Any, page_number: Any) -> dict[str, Any]:
     sessions = permissions.visible_sessions(user, Session.objects.all())
     listing = sessions.select_related("profile", "agent", "owner").order_by(
         F("last_event_at").desc(nulls_last=True), "-created_at"
     )
-    page = Paginator(listing, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(listing, PAGE_SIZE).get_page(page_number)
     rows = [SessionRow(s, _agent_id(s), totals_of(s), permissions.can_drive(user, s)) for s in page.object_list]
     everything = sees_everything(user)
     per_profile = profile_totals_from_days() if everything else profile_totals_from_sessions(sessions)
@@ -88,6 +89,7 @@ def dashboard_context(request: HttpRequest) -> dict[str, Any]:
         "grand": grand,
         "everything": everything,
         "show_owner": everything,
+        "socket_url": socket_url("dashboard"),
     }
     if everything:
         days = day_series(CHART_DAYS)
@@ -99,9 +101,15 @@ def dashboard_context(request: HttpRequest) -> dict[str, Any]:
 @login_required
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
-    context = dashboard_context(request)
+    context = dashboard_context(request.user, request.GET.get("page"))
     template = "dashboard/index.html#body" if getattr(request, "htmx", False) else "dashboard/index.html"
     return render(request, template, context)
+
+
+def dashboard_fragment(user: Any, page_number: Any) -> str:
+    """The body partial as the page's socket sends it (an out-of-band swap)."""
+    context = {**dashboard_context(user, page_number), "oob": True}
+    return render_to_string("dashboard/index.html#body", context)
 
 
 # ---------------------------------------------------------------- compact

@@ -4,19 +4,16 @@ Views stay thin: reads are bounded queries (a page of events at a time), writes
 go through `services`, and every view asks `permissions` first. Another user's
 session is a 404, not a 403, so ids do not leak.
 
-The chat page is fully server-rendered (it works without JavaScript); the live
-client (static/js/terret-live.js) then follows the log over the session
-websocket from the last seq the page rendered. htmx requests get partials of
-the same template (`sessions/chat.html#earlier` etc.).
+The chat page is fully server-rendered (it works without JavaScript); htmx's
+ws extension then follows the log over the page's socket from the last seq
+the page rendered, and the socket sends each later event as the same
+template's partial (web/present.py). htmx requests get partials of the same
+template (`sessions/chat.html#earlier` etc.).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass
-from decimal import Decimal
-from functools import cache
 from typing import Any
 
 from django.contrib import messages
@@ -26,97 +23,25 @@ from django.core.paginator import Paginator
 from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
-from django.template import TemplateDoesNotExist
-from django.template.loader import get_template
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from approvals_app.selectors import PendingCall
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions, services
 from sessions_app.errors import TerretError
 from sessions_app.models import Agent, Event, Session
+from sessions_app.services.usage import format_cost
 from sessions_app.web.forms import MessageForm, NewSessionForm
+from sessions_app.web.present import EventRow, event_row, facts_context, status_label
+from sessions_app.web.socket_paths import socket_url
 
 # Events per page of the chat log; "load earlier" fetches the page before.
 PAGE_SIZE = 200
 LIST_PAGE_SIZE = 50
-APPROVALS_TEMPLATE = "approvals/inline.html"
-
-# Kinds that are bookkeeping rather than conversation: rendered (so every seq
-# has exactly one element) but hidden unless "show all events" is ticked.
-META_KINDS = frozenset(
-    {
-        "turn/start",
-        "step/start",
-        "step/end",
-        "usage/recorded",
-        "session/titled",
-        "policy/updated",
-        "model/updated",
-        "agent/spawned",
-        "agent/disposed",
-    }
-)
-STATUS_LABELS = {"idle": "idle", "running": "running", "waiting_approval": "waiting for approval"}
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def format_cost(cost: Decimal | float, unpriced: int) -> str:
-    """The running cost; entries the provider did not price are counted, never
-    shown as $0. terret-live.js formats the same way."""
-    text = f"${Decimal(cost):.4f}"
-    if unpriced:
-        text += f" + {unpriced} unpriced"
-    return text
-
-
-def _pretty(raw: Any) -> str:
-    """Tool arguments as indented JSON (they arrive as a JSON string)."""
-    value = raw
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return raw
-    return json.dumps(value, indent=2, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class EventRow:
-    """One event as the templates render it. Mirrors renderEvent() in terret-live.js."""
-
-    seq: int
-    kind: str
-    data: dict[str, Any]
-    at: Any
-    queued: bool = False
-
-    @property
-    def slug(self) -> str:
-        return self.kind.replace("/", "-")
-
-    @property
-    def meta(self) -> bool:
-        # A queued input that has landed shows up again as the context it
-        # became; its own row turns into bookkeeping.
-        return self.kind in META_KINDS or (self.kind == "input/queued" and not self.queued)
-
-    @property
-    def tool_calls(self) -> list[dict[str, str]]:
-        calls = self.data.get("tool_calls") or []
-        return [{"id": c["id"], "name": c["name"], "args": _pretty(c.get("arguments", ""))} for c in calls]
-
-    @property
-    def args_json(self) -> str:
-        return _pretty(self.data.get("args", {}))
-
-    @property
-    def data_json(self) -> str:
-        return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
 
 
 def _event_rows(session: Session, *, before: int | None, upto: int) -> list[EventRow]:
@@ -125,20 +50,7 @@ def _event_rows(session: Session, *, before: int | None, upto: int) -> list[Even
     qs = qs.filter(seq__lt=before) if before is not None else qs.filter(seq__lte=upto)
     rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at")[:PAGE_SIZE])
     rows.reverse()
-    return [
-        EventRow(seq, kind, data, at, queued=(kind == "input/queued" and seq > session.inbox_seq))
-        for seq, kind, data, at in rows
-    ]
-
-
-@cache
-def _approvals_template() -> str | None:
-    """The approvals engineer's inline partial, when it is installed."""
-    try:
-        get_template(APPROVALS_TEMPLATE)
-    except TemplateDoesNotExist:
-        return None
-    return APPROVALS_TEMPLATE
+    return [event_row(seq, kind, data, at, session.inbox_seq) for seq, kind, data, at in rows]
 
 
 def _viewable(request: HttpRequest, session_id: uuid.UUID) -> Session:
@@ -170,10 +82,6 @@ def _parse_seq(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _pending_view(pending: list[PendingCall]) -> list[dict[str, Any]]:
-    return [{"call_id": p.call_id, "name": p.name, "args": _pretty(p.args), "seq": p.seq} for p in pending]
-
-
 def _chat_context(
     request: HttpRequest, session: Session, *, before: int | None = None, form: MessageForm | None = None
 ) -> dict[str, Any]:
@@ -190,34 +98,18 @@ def _chat_context(
     if not live and last_shown + PAGE_SIZE < upto:
         newer = last_shown + PAGE_SIZE + 1
     url = reverse("sessions:chat", args=[session.id])
-    state = {
-        "session": str(session.id),
-        "last_seq": upto if live else last_shown,
-        "open_turn": session.open_turn_seq,
-        "pending": [p.call_id for p in pending],
-        "cost": float(session.cost),
-        "unpriced": session.unpriced_entries,
-        "title": session.title,
-        "ws_path": f"/ws/sessions/{session.id}/",
-        "page_url": url,
-        "live": live,
-    }
     return {
-        "session": session,
+        **facts_context(session, request.user),
         "agent_id": _agent_id(session),
-        "status_label": STATUS_LABELS.get(session.status, session.status),
-        "cost_text": format_cost(session.cost, session.unpriced_entries),
         "events": events,
         "older_before": first if first is not None and first > 1 else None,
         "newer_before": newer,
         "live": live,
+        "last_seq": upto if live else last_shown,
+        "socket_url": socket_url("chat", session_id=session.id),
         "pending": pending,
-        "pending_view": _pending_view(pending),
-        "approvals_template": _approvals_template(),
-        "can_drive": permissions.can_drive(request.user, session),
-        "can_approve": permissions.can_approve(request.user, session),
+        "approvals_next": url,
         "form": form or MessageForm(),
-        "live_state": state,
         "chat_url": url,
     }
 
@@ -237,7 +129,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
         {
             "session": s,
             "agent_id": _agent_id(s),
-            "status_label": STATUS_LABELS.get(s.status, s.status),
+            "status_label": status_label(s.status),
             "cost_text": format_cost(s.cost, s.unpriced_entries),
         }
         for s in page.object_list

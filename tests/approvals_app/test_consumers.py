@@ -1,4 +1,4 @@
-"""The live queue socket: hints after commit, coalesced, permission re-checked."""
+"""The live queue socket: the queue rendered again after commit, coalesced, permission re-checked."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group
 
 from approvals_app import services as approvals
-from approvals_app.consumers import hint_html
 from sessions_app import services
 from sessions_app.api.auth import issue_token
 from tests.approvals_app.conftest import park
@@ -37,26 +36,36 @@ async def connect(token: str) -> WebsocketCommunicator:
     return comm
 
 
-def test_hint_is_an_out_of_band_refetch_of_the_queue_fragment() -> None:
-    html = hint_html()
-    assert 'id="approvals-live"' in html and 'hx-swap-oob="true"' in html
-    assert 'hx-get="/approvals/queue/"' in html and 'hx-trigger="load"' in html
-    assert 'hx-target="#approval-queue"' in html
+def is_queue_fragment(html: str) -> bool:
+    """The queue partial as an out-of-band swap of #approval-queue."""
+    return html.startswith('<div id="approval-queue" hx-swap-oob="true">')
 
 
-async def test_request_and_verdict_each_send_one_hint(setup: dict[str, Any]) -> None:
+def test_the_fragment_is_the_reviewers_queue_as_an_out_of_band_swap(setup: dict[str, Any]) -> None:
+    from sessions_app.web.present import queue_fragment
+
+    park(setup["session"].id, "c1")
+    html = queue_fragment(setup["reviewer"]).strip()
+    assert is_queue_fragment(html)
+    assert 'data-call-id="c1"' in html and "Approve" in html
+
+
+async def test_request_and_verdict_each_send_one_fragment(setup: dict[str, Any]) -> None:
     comm = await connect(setup["token"])
     sid = setup["session"].id
     await asyncio.sleep(0.2)  # joined the group
     await sync_to_async(park)(sid, "c1")
-    assert await comm.receive_from(10) == hint_html()
+    asked = (await comm.receive_from(10)).strip()
+    assert is_queue_fragment(asked) and 'data-call-id="c1"' in asked
     await sync_to_async(approvals.decide)(sid, "c1", "approve", user=setup["reviewer"])
-    assert await comm.receive_from(10) == hint_html()
+    decided = (await comm.receive_from(10)).strip()
+    assert is_queue_fragment(decided) and 'data-call-id="c1"' not in decided
+    assert "Nothing is waiting for approval." in decided
     assert await comm.receive_nothing(0.5)
     await comm.disconnect()
 
 
-async def test_a_burst_of_changes_is_one_hint(setup: dict[str, Any]) -> None:
+async def test_a_burst_of_changes_is_one_fragment(setup: dict[str, Any]) -> None:
     comm = await connect(setup["token"])
     sid = setup["session"].id
     await asyncio.sleep(0.2)
@@ -67,7 +76,7 @@ async def test_a_burst_of_changes_is_one_hint(setup: dict[str, Any]) -> None:
         services.cancel(sid)  # denies both
 
     await sync_to_async(burst)()
-    assert await comm.receive_from(10) == hint_html()
+    assert is_queue_fragment((await comm.receive_from(10)).strip())
     assert await comm.receive_nothing(0.6)
     await comm.disconnect()
 

@@ -231,7 +231,7 @@ async def _connect(user: Any) -> WebsocketCommunicator:
     return communicator
 
 
-async def test_socket_sends_a_refetch_hint_only_for_visible_sessions(
+async def test_socket_sends_the_body_again_only_for_visible_sessions(
     owner: Any, make_user: Any, priced: Session, profile: AgentProfile
 ) -> None:
     other = await sync_to_async(services.create_session)(await sync_to_async(make_user)("carol"), profile)
@@ -240,11 +240,12 @@ async def test_socket_sends_a_refetch_hint_only_for_visible_sessions(
     # someone else's session: nothing is sent
     await layer.group_send(hints.DASHBOARD_GROUP, {"type": "log.hint", "session": str(other.id), "seq": 3})
     assert await communicator.receive_nothing(timeout=1.0)
-    # a burst on the user's own session: one refetch element
+    # a burst on the user's own session: the body, rendered again, as one out-of-band swap
     for seq in (7, 8, 9):
         await layer.group_send(hints.DASHBOARD_GROUP, {"type": "log.hint", "session": str(priced.id), "seq": seq})
-    message = await communicator.receive_from(timeout=3)
-    assert 'id="dashboard-live"' in message and 'hx-get="/dashboard/"' in message and 'hx-trigger="load"' in message
+    message = (await communicator.receive_from(timeout=3)).strip()
+    assert message.startswith('<div id="dashboard-body" hx-swap-oob="true">')
+    assert reverse("sessions:chat", args=[priced.id]) in message and "<html" not in message
     assert await communicator.receive_nothing(timeout=1.0)
     # the user is deactivated: the next hint closes the socket instead
     owner.is_active = False
