@@ -16,6 +16,9 @@ from django.conf import settings
 
 NO_SKIP = os.environ.get("TERRET_NO_SKIP") == "1"
 
+# The browser fixtures (daphne as a process, Debian's chromium), for every test folder.
+pytest_plugins = ["tests.browser.fixtures"]
+
 
 def _missing(marker: str) -> str | None:
     if marker in ("postgres", "worker") and not settings.IS_POSTGRES:
@@ -41,6 +44,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # Every actor is a real user with a password; PBKDF2 would dominate the tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def make_user(django_user_model: Any) -> Callable[..., Any]:
     counter = iter(range(1, 1_000_000))
@@ -58,6 +67,59 @@ def make_session(make_user: Callable[..., Any]) -> Callable[..., Any]:
 
     def make(owner: Any = None, **kwargs: Any) -> Session:
         return Session.objects.create(owner=owner or make_user(), **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def manual_worker(settings: Any, tmp_path: Any) -> None:
+    """Turns run only when a test drives them (TERRET_WORKER=manual), with a
+    workspace of the test's own."""
+    settings.TERRET_WORKER = "manual"
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+
+
+@pytest.fixture
+def owner(make_user: Callable[..., Any]) -> Any:
+    return make_user("owner")
+
+
+@pytest.fixture
+def profile(db: None) -> Any:
+    """The test profile: the scripted model (test/model, answered by fake_llm)
+    and the built-in tools the runtime tests call, every tool allowed."""
+    from sessions_app.models import AgentProfile
+
+    return AgentProfile.objects.create(
+        name="t",
+        roles={"main": "test/model"},
+        builtin_tools=["workspace.write", "workspace.read", "clock.now", "debug.noop", "debug.sleep"],
+        allow_floor=["*"],
+    )
+
+
+@pytest.fixture
+def session(owner: Any, profile: Any) -> Any:
+    """A session of `owner` on `profile` (a module may override either), with its live agent."""
+    from sessions_app import services
+
+    return services.create_session(owner, profile)
+
+
+@pytest.fixture
+def make_reviewer(make_user: Callable[..., Any]) -> Callable[..., Any]:
+    """A user in the "reviewers" group (approvals_app's migration creates it;
+    transactional tests flush it away, so it is re-made here the same way)."""
+    from django.contrib.auth.models import Group, Permission
+
+    def make(username: str | None = None, **kwargs: Any) -> Any:
+        user = make_user(username, **kwargs)
+        group, _ = Group.objects.get_or_create(name="reviewers")
+        group.permissions.add(
+            Permission.objects.get(content_type__app_label="approvals_app", codename="decide_approval")
+        )
+        user.groups.add(group)
+        return user
 
     return make
 

@@ -1,15 +1,11 @@
 """The reviewer's queue in a real browser against a real daphne process:
 requests and verdicts show up live, and the forms work with and without JS.
-
-Playwright's sync API keeps an event loop running on the main thread while it
-is open, and pytest-asyncio tests that run after it in the same process then
-fail to start; so this module opens its own browser and closes it when done,
-instead of using the session-wide `browser` fixture.
-"""
+The browser fixtures are tests/browser/fixtures.py's (a plugin of the root
+conftest)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,30 +15,6 @@ from approvals_app.selectors import pending
 from sessions_app import services
 from sessions_app.models import Event
 from tests.approvals_app.conftest import park
-from tests.browser import conftest as browser_fixtures
-
-# The browser fixtures live in tests/browser/conftest.py; module-level names
-# make them available here.
-demo_profile = browser_fixtures.demo_profile
-new_page = browser_fixtures.new_page
-server_env = browser_fixtures.server_env
-start_server = browser_fixtures.start_server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    import os
-
-    from playwright.sync_api import sync_playwright
-
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(
-            executable_path=browser_fixtures.CHROMIUM, args=browser_fixtures.CHROMIUM_ARGS, headless=True
-        )
-        yield b
-        b.close()
-
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis]
 

@@ -48,6 +48,7 @@ def test_the_fragment_is_the_reviewers_queue_as_an_out_of_band_swap(setup: dict[
     html = queue_fragment(setup["reviewer"]).strip()
     assert is_queue_fragment(html)
     assert 'data-call-id="c1"' in html and "Approve" in html
+    assert "<html" not in html  # the partial alone, not the page
 
 
 async def test_request_and_verdict_each_send_one_fragment(setup: dict[str, Any]) -> None:

@@ -24,12 +24,7 @@ from sessions_app.errors import (
 from sessions_app.models import Session
 from tests.approvals_app.conftest import count, events, park
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any) -> None:
-    settings.TERRET_WORKER = "manual"
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
 
 
 def test_verdict_appends_resolved_with_who_and_why(session: Session, reviewer: Any) -> None:

@@ -20,16 +20,10 @@ from sessions_app.runtime.drive import drive
 from tests.approvals_app.conftest import events, kinds, park
 from tests.fakes.fake_llm import Reply
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 WRITE_A = ("workspace.write", {"path": "a.txt", "content": "hello"})
 WRITE_B = ("workspace.write", {"path": "b.txt", "content": "world"})
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any, tmp_path: Path) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
 
 
 def workspace(session: Session, tmp_path: Path) -> Path:

@@ -13,14 +13,9 @@ from sessions_app import log
 from sessions_app.models import Session
 from tests.approvals_app.conftest import count, events, park
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any) -> None:
-    settings.TERRET_WORKER = "manual"
 
 
 @pytest.fixture

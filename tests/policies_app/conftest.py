@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from policies_app.selectors import cache
-from sessions_app import services
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import AgentProfile
 
 
 @pytest.fixture(autouse=True)
@@ -15,12 +13,6 @@ def fresh_cache() -> Iterator[None]:
     cache.clear()
     yield
     cache.clear()
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    # Every actor is a real user with a password; PBKDF2 would dominate these tests.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -31,8 +23,3 @@ def profile(db: None) -> AgentProfile:
         builtin_tools=["clock.now", "debug.noop", "workspace.read"],
         allow_floor=["clock.*"],
     )
-
-
-@pytest.fixture
-def session(make_user: Any, profile: AgentProfile) -> Session:
-    return services.create_session(make_user("owner"), profile)

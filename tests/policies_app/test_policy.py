@@ -25,13 +25,6 @@ from tests.fakes.fake_llm import Reply
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def manual_worker(settings: Any, tmp_path: Any) -> None:
-    """Turns run only when a test drives them (TERRET_WORKER=manual)."""
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
-
-
 def ctx(session: Session, profile: AgentProfile, tool: str) -> hooks.CallContext:
     return hooks.CallContext(session.id, profile, BUILTINS[tool], {})
 

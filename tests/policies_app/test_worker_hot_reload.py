@@ -5,7 +5,6 @@ old policy)."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,17 +13,9 @@ from policies_app import services as policies
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event
 from tests.fakes.fake_llm import Reply
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(check: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_policy_hot_reload_across_processes(

@@ -6,20 +6,12 @@ import json
 import uuid
 from typing import Any
 
-import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
 from sessions_app import log, services
 from sessions_app.api.auth import issue_token
 from sessions_app.models import AgentProfile, Event, Session
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings: Any) -> None:
-    """Import into a test module: users are made in nearly every test, and the
-    default PBKDF2 rounds dominate their cost."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def token_for(user: Any, name: str = "") -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,13 +14,8 @@ from typing import Any
 
 import httpx
 
+from tests.helpers import free_port
 from tests.workers import ROOT, worker_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DaphneProcess:

@@ -19,15 +19,9 @@ from sessions_app.services.compaction import CompactionResult, Declined
 from sessions_app.services.post_turn import post_turn
 from sessions_app.services.usage import log_sum, totals_of
 from tests.fakes.fake_llm import Reply
+from tests.helpers import kinds
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any, tmp_path: Any) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
-    settings.TERRET_LLM_RETRIES = 0
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 
 @pytest.fixture
@@ -39,15 +33,6 @@ def profile() -> AgentProfile:
         allow_floor=["*"],
         compaction_budget=1000,
     )
-
-
-@pytest.fixture
-def session(make_user: Any, profile: AgentProfile) -> Session:
-    return services.create_session(make_user(), profile)
-
-
-def kinds(session: Session, after: int = 0) -> list[str]:
-    return list(Event.objects.filter(session=session, seq__gt=after).order_by("seq").values_list("kind", flat=True))
 
 
 def last_seq(session: Session) -> int:
@@ -403,3 +388,8 @@ def test_boundary_check_under_the_lock_sees_a_pending_approval(session: Session)
         assert compaction.boundary_problem(tx.row, session.id, tx.row["last_seq"] - 2) == (
             "model-visible events arrived while summarizing"
         )
+
+
+@pytest.fixture(autouse=True)
+def no_llm_retries(settings: Any) -> None:
+    settings.TERRET_LLM_RETRIES = 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DAPHNE = ROOT / ".venv" / "bin" / "daphne"
@@ -41,12 +42,6 @@ DEMO_PROFILE = {
     "allow_floor": ["clock.*", "workspace.*"],
     "compaction_budget": 100_000,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class DaphneServer:

@@ -13,10 +13,9 @@ from django.utils import timezone
 
 from sessions_app.api import auth
 from sessions_app.models import ApiToken
-from tests.sessions_app.apiutil import bearer, call, fast_passwords, token_for
+from tests.sessions_app.apiutil import bearer, call, token_for
 
 pytestmark = pytest.mark.django_db
-_ = fast_passwords  # autouse fixture
 
 
 def test_command_prints_the_token_once_and_stores_only_its_hash(make_user):

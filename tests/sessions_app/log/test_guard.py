@@ -12,7 +12,7 @@ from django.db import connection
 
 from sessions_app import log
 from sessions_app.log import SessionNotFound
-from sessions_app.models import Event, Session
+from tests.helpers import kinds
 
 pytestmark = pytest.mark.django_db
 
@@ -21,10 +21,6 @@ def append_if(session_id: Any, kind: str, data: dict[str, Any], *, guard: Any) -
     """One guarded event: the event, or None when the guard failed."""
     written = log.append_many(session_id, [(kind, data)], guard=guard)
     return written[0] if written else None
-
-
-def kinds(session: Session) -> list[str]:
-    return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
 
 
 def test_append_if_writes_while_the_guard_holds_and_then_nothing(make_session: Any) -> None:

@@ -23,7 +23,7 @@ from sessions_app.sockets import hub
 from sessions_app.sockets import session as consumers
 from sessions_app.sockets.auth import SocketAuthStack
 from sessions_app.sockets.session import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
-from tests.sessions_app.apiutil import fast_passwords, head, new_session, token_for
+from tests.sessions_app.apiutil import head, new_session, token_for
 from tests.sessions_app.sockutil import (
     closed_with,
     cookie_headers,
@@ -37,13 +37,8 @@ from tests.sessions_app.sockutil import (
     synced,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
-_ = (fast_passwords, fresh_channel_layer)  # autouse fixtures
-
-
-@pytest.fixture(autouse=True)
-def _no_turns(settings):
-    settings.TERRET_WORKER = "manual"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
+_ = fresh_channel_layer  # an autouse fixture
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from tests.sessions_app.apiutil import (
     bearer,
     call,
     event_count,
-    fast_passwords,
     make_reviewer,
     new_session,
     park_calls,
@@ -26,7 +25,6 @@ from tests.sessions_app.apiutil import (
 )
 
 pytestmark = pytest.mark.django_db
-_ = fast_passwords  # autouse fixture
 
 ROLES = ["anonymous", "owner", "owner_cookie", "stranger", "staff", "reviewer", "revoked", "inactive"]
 

@@ -16,17 +16,9 @@ from sessions_app.services import titling
 from sessions_app.services.post_turn import post_turn
 from tests.fakes.fake_llm import Reply
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 LONG = "Please help me plan a three week trip through Portugal and Spain by train"
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any, tmp_path: Any) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
-    settings.TERRET_LLM_RETRIES = 0
-    settings.TERRET_MODEL_TITLER = ""
 
 
 def _session(make_user: Any, **roles: str) -> Session:
@@ -180,3 +172,9 @@ def test_post_turn_with_the_runners_facts(fake_llm: Any, make_user: Any, django_
     post_turn(session.id, facts)
     post_turn(session.id, facts)  # stale facts (a title landed since): the guard writes nothing
     assert titles(session) == ["what the runner saw"]
+
+
+@pytest.fixture(autouse=True)
+def no_retries_and_no_titler(settings: Any) -> None:
+    settings.TERRET_LLM_RETRIES = 0
+    settings.TERRET_MODEL_TITLER = ""

@@ -24,37 +24,9 @@ from sessions_app.runtime import hooks, lease
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.runner import MAX_STEPS
 from tests.fakes.fake_llm import Reply, responder_for_mode
+from tests.helpers import events, kinds
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any, tmp_path: Any) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_WORKSPACE_ROOT = tmp_path
-
-
-@pytest.fixture
-def profile() -> AgentProfile:
-    return AgentProfile.objects.create(
-        name="t",
-        roles={"main": "test/model"},
-        builtin_tools=["debug.noop", "debug.sleep", "workspace.write", "clock.now"],
-        allow_floor=["*"],
-    )
-
-
-@pytest.fixture
-def session(make_user: Any, profile: AgentProfile) -> Session:
-    return services.create_session(make_user(), profile)
-
-
-def kinds(session: Session) -> list[str]:
-    return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
-
-
-def events(session: Session, kind: str) -> list[dict[str, Any]]:
-    return list(Event.objects.filter(session=session, kind=kind).order_by("seq").values_list("data", flat=True))
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 
 def assert_gapless(session: Session) -> None:

@@ -25,12 +25,12 @@ from websockets.exceptions import ConnectionClosed
 
 from terret_site.asgi import application
 from tests.fakes.fake_llm import Reply
-from tests.sessions_app.apiutil import demo, fast_passwords, make_reviewer, token_for
+from tests.sessions_app.apiutil import demo, make_reviewer, token_for
 from tests.sessions_app.liveserver import DaphneProcess
 from tests.sessions_app.sockutil import db, fresh_channel_layer
 
 pytestmark = pytest.mark.timeout(300)
-_ = (fast_passwords, fresh_channel_layer)  # autouse fixtures
+_ = fresh_channel_layer  # an autouse fixture
 
 COST = 0.001
 

@@ -14,6 +14,7 @@ from django.urls import reverse
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.web.sessions import PAGE_SIZE
+from tests.helpers import kinds
 
 pytestmark = pytest.mark.django_db
 
@@ -29,11 +30,6 @@ def profile(db: Any) -> AgentProfile:
 
 
 @pytest.fixture
-def owner(make_user: Callable[..., Any]) -> Any:
-    return make_user("owner")
-
-
-@pytest.fixture
 def chat(owner: Any, profile: AgentProfile) -> Session:
     return services.create_session(owner, profile)
 
@@ -42,10 +38,6 @@ def client_for(user: Any, **kwargs: Any) -> Client:
     c = Client(**kwargs)
     c.force_login(user)
     return c
-
-
-def kinds(session: Session) -> list[str]:
-    return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
 
 
 def classes_of(page: str, seq: int) -> set[str]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sessions_app.apiutil import fast_passwords, head, make_reviewer, new_session, park_calls, token_for
+from tests.sessions_app.apiutil import head, make_reviewer, new_session, park_calls, token_for
 from tests.sessions_app.sockutil import ORIGIN, closed_with, db, fresh_channel_layer, open_socket, recv, send, synced
 
 pytestmark = pytest.mark.django_db(transaction=True)
-_ = (fast_passwords, fresh_channel_layer)  # autouse fixtures
+_ = fresh_channel_layer  # an autouse fixture
 
 # In order; the open turn's parked calls c1 and c2 make approve/deny meaningful.
 FRAMES = [

@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.sessions_app.apiutil import fast_passwords, make_reviewer, new_session, park_calls, token_for
+from tests.sessions_app.apiutil import make_reviewer, new_session, park_calls, token_for
 
 MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "25"))
 CHECKS = [
@@ -42,7 +42,6 @@ schema = schemathesis.openapi.from_wsgi("/api/openapi.json", WSGIHandler())
 schema.config.generation.update(modes=["positive", "negative"], max_examples=MAX_EXAMPLES)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(600)]
-_ = fast_passwords  # autouse fixture
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from sessions_app.tools import mcp, registry
 from sessions_app.tools.base import ToolContext, ToolError
 from sessions_app.tools.executor import MAX_RESULT_BYTES, execute
 
-SLOW_SERVER = str(Path(__file__).resolve().parents[1] / "fakes" / "slow_mcp_server.py")
+SLOW_SERVER = str(Path(__file__).resolve().parents[3] / "tests" / "fakes" / "slow_mcp_server.py")
 TIME = {"name": "time", "command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
 SLOW = {"name": "slow", "command": sys.executable, "args": [SLOW_SERVER]}
 

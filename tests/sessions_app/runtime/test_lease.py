@@ -15,12 +15,7 @@ from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import lease
 from sessions_app.runtime.sweep import sweep
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any) -> None:
-    settings.TERRET_WORKER = "manual"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 
 @pytest.fixture
@@ -34,11 +29,6 @@ def profile() -> AgentProfile:
         compaction_budget=1234,
         system_prompt="be brief",
     )
-
-
-@pytest.fixture
-def session(make_user: Any, profile: AgentProfile) -> Session:
-    return services.create_session(make_user(), profile)
 
 
 def claimed(session_id: Any) -> lease.Lease:

@@ -15,7 +15,6 @@ from tests.sessions_app.apiutil import (
     bearer,
     call,
     event_count,
-    fast_passwords,
     head,
     make_reviewer,
     new_session,
@@ -23,18 +22,7 @@ from tests.sessions_app.apiutil import (
     token_for,
 )
 
-pytestmark = pytest.mark.django_db
-_ = fast_passwords  # autouse fixture
-
-
-@pytest.fixture(autouse=True)
-def _no_turns(settings):
-    settings.TERRET_WORKER = "manual"  # admission only: no worker drives the turns opened here
-
-
-@pytest.fixture
-def owner(make_user):
-    return make_user("owner")
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ has expired)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,18 +15,9 @@ import pytest
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
 from tests.fakes.fake_llm import Reply
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def log_of(session: Session) -> list[tuple[int, str, dict[str, Any]]]:

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from sessions_app import log
-from tests.sessions_app.apiutil import fast_passwords, head, new_session, token_for
+from tests.sessions_app.apiutil import head, new_session, token_for
 from tests.sessions_app.liveserver import DaphneProcess
 from tests.sessions_app.sockutil import db
 
@@ -25,7 +25,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(300),
 ]
-_ = fast_passwords  # autouse fixture
 
 
 @pytest.fixture

@@ -22,13 +22,7 @@ from sessions_app.log import hints
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
 from sessions_app.sockets.dashboard import DashboardConsumer
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def manual_worker(settings: Any) -> None:
-    settings.TERRET_WORKER = "manual"
-    settings.TERRET_MODEL_COMPACTOR = ""
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
 
 @pytest.fixture
@@ -269,3 +263,8 @@ async def test_socket_refuses_anonymous() -> None:
         out = await communicator.receive_output(timeout=3)
     assert out["code"] == 4401
     await asyncio.sleep(0)
+
+
+@pytest.fixture(autouse=True)
+def no_compactor_from_the_environment(settings: Any) -> None:
+    settings.TERRET_MODEL_COMPACTOR = ""

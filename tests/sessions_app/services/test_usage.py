@@ -23,7 +23,7 @@ from sessions_app.services.usage import Totals, check_session, format_cost, log_
 from tests.fakes.fake_llm import Reply, responder_for_mode
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _u(prompt: int, completion: int, cost: float | None) -> dict[str, Any]:

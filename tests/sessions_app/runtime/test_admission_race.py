@@ -15,7 +15,7 @@ from sessions_app import services
 from sessions_app.models import AgentProfile, Event
 from sessions_app.runtime.drive import drive
 from tests.fakes.fake_llm import Reply
-from tests.sessions_app.test_log_concurrency import _child_env, _test_database_url, run_at_barrier
+from tests.sessions_app.log.test_concurrency import _child_env, _test_database_url, run_at_barrier
 
 WAKERS = 6
 
