@@ -15,4 +15,4 @@ class ApprovalsAppConfig(AppConfig):
         from approvals_app import gate, listeners  # noqa: F401
         from sessions_app.runtime import hooks
 
-        hooks.register_gate(gate.ApprovalGate())
+        hooks.register_gate(gate)  # the module's three functions are the runtime's Gate

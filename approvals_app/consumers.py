@@ -17,54 +17,39 @@ from __future__ import annotations
 
 import asyncio
 import json
-from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from approvals_app.listeners import GROUP
-from sessions_app.api import auth
+from sessions_app.api.errors import Unauthenticated
 from sessions_app.errors import NotAllowed, TerretError
 from sessions_app.log import hints
 from sessions_app.permissions import is_reviewer
+from sessions_app.sockets.auth import live_user
 from sessions_app.web.present import queue_fragment
 
 COALESCE_SECONDS = 0.25
-
-
-class Unauthenticated(TerretError):
-    code = "unauthenticated"
-    status = 401
-
-
 REFRESH_SECONDS = 60.0
-
-
-def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
-    """The queue fragment, or None when the user may no longer follow it."""
-    if not still_allowed(user_id, token_id, session_key):
-        return None
-    user = auth.active_user(user_id)
-    return queue_fragment(user) if user is not None else None
-
-
-def _error(exc: TerretError) -> str:
-    return json.dumps({"type": "error", "code": exc.code, "message": str(exc)})
 
 
 def still_allowed(user_id: Any, token_id: int | None, session_key: str | None) -> bool:
     """Is the socket's user still an active reviewer on a live credential?"""
-    user = auth.active_user(user_id)
+    user = live_user(user_id, token_id, session_key)
+    return user is not None and is_reviewer(user)
+
+
+def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
+    """The queue fragment, or None when the user may no longer follow it."""
+    user = live_user(user_id, token_id, session_key)
     if user is None or not is_reviewer(user):
-        return False
-    if token_id is not None and not auth.token_is_live(token_id):
-        return False
-    if session_key is not None:
-        engine = import_module(settings.SESSION_ENGINE)
-        return bool(engine.SessionStore().exists(session_key))
-    return True
+        return None
+    return queue_fragment(user)
+
+
+def _error(exc: TerretError) -> str:
+    return json.dumps({"type": "error", "code": exc.code, "message": str(exc)})
 
 
 class ApprovalsConsumer(AsyncWebsocketConsumer):

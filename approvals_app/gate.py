@@ -84,27 +84,3 @@ def request(session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: 
             return False
         tx.append("approval/requested", {"call_id": call_id, "name": name, "args": args})
     return True
-
-
-class ApprovalGate:
-    """The gate the runtime calls (runtime.hooks.Gate), registered by approvals_app's AppConfig."""
-
-    def needs_approval(self, definition: Definition, overrides: dict[str, Any]) -> bool:
-        return needs_approval(definition, overrides)
-
-    def check(
-        self,
-        events: list[LoggedEvent],
-        definition: Definition,
-        overrides: dict[str, Any],
-        call_id: str,
-        args: Any,
-        *,
-        after_seq: int = 0,
-    ) -> GateDecision:
-        return check(events, definition, overrides, call_id, args, after_seq=after_seq)
-
-    def request(
-        self, session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: str, args: dict[str, Any]
-    ) -> bool:
-        return request(session_id, fence, call_id, name, args)

@@ -123,7 +123,7 @@ else:
         _db["CONN_MAX_AGE"] = 0
     # Django turns psycopg's prepared statements off (for transaction-mode
     # poolers such as PgBouncer). The runtime's few fixed statements (appends,
-    # claim, release, turn load: sessions_app.log.pg_rows) are prepared on
+    # claim, release, turn load: sessions_app/log/backends/postgres.py) are prepared on
     # their first use on a connection, as planning the append's CTE costs more
     # than running it; other queries after 5 uses. 0 turns preparing off
     # entirely, as a transaction-mode pooler needs.
@@ -141,7 +141,7 @@ REDIS_URL = env_url("REDIS_URL", None, schemes={"redis", "rediss"})
 _worker_default = "celery" if REDIS_URL else "inprocess"
 TERRET_WORKER = env_str("TERRET_WORKER", _worker_default) or _worker_default
 # manual: nothing is dispatched automatically; something else calls
-# runtime.loop.drive (unit tests of the loop, maintenance scripts).
+# runtime.drive.drive (unit tests of the runtime, maintenance scripts).
 if TERRET_WORKER not in {"celery", "inprocess", "manual"}:
     raise ImproperlyConfigured(f"TERRET_WORKER={TERRET_WORKER!r} must be 'celery', 'inprocess' or 'manual'")
 if TERRET_WORKER == "celery" and not REDIS_URL:

@@ -45,9 +45,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    # Every actor is a real user with a password; PBKDF2 would dominate the tests.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> None:
+    # Every actor is a real user with a password; PBKDF2 would dominate the
+    # tests. Not for browser tests: their daphne process checks the password
+    # with the real hashers when the browser signs in.
+    if request.node.get_closest_marker("browser") is None:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
@@ -105,8 +106,6 @@ class CookieAuth(APIKeyCookie):
     param_name = "sessionid"
 
     def __init__(self) -> None:
-        from django.conf import settings
-
         self.param_name = settings.SESSION_COOKIE_NAME
         super().__init__(csrf=False)
 

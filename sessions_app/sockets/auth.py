@@ -15,15 +15,17 @@ refuses the socket with close code 4401. It never falls back to the cookie.
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.security.websocket import AllowedHostsOriginValidator
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
-from sessions_app.api.auth import authenticate_token
+from sessions_app.api.auth import active_user, authenticate_token, token_is_live
 
 
 def token_from_scope(scope: dict[str, Any]) -> str | None:
@@ -58,3 +60,17 @@ class TokenAuthMiddleware:
 
 def SocketAuthStack(inner: Any) -> TokenAuthMiddleware:  # named like channels' AuthMiddlewareStack
     return TokenAuthMiddleware(inner)
+
+
+def live_user(user_id: Any, token_id: int | None, session_key: str | None) -> Any:
+    """The socket's user if still active on a live credential (the token not
+    revoked, the login session not ended), else None. Every socket asks this
+    again before it acts or sends, so a revocation takes effect at once."""
+    user = active_user(user_id)
+    if user is None:
+        return None
+    if token_id is not None and not token_is_live(token_id):
+        return None
+    if session_key is not None and not import_module(settings.SESSION_ENGINE).SessionStore().exists(session_key):
+        return None
+    return user

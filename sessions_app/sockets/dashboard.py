@@ -17,37 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 
 from sessions_app import permissions
-from sessions_app.api import auth
 from sessions_app.log import hints
 from sessions_app.models import Session
+from sessions_app.sockets.auth import live_user
 from sessions_app.web.dashboard import dashboard_fragment
 
 COALESCE_SECONDS = 0.5
 REFRESH_SECONDS = 30.0
 MAX_TRACKED = 500
-
-
-def user_may_follow(user_id: Any, token_id: int | None, session_key: str | None) -> Any:
-    """The socket's user if still active on a live credential, else None."""
-    user = auth.active_user(user_id)
-    if user is None:
-        return None
-    if token_id is not None and not auth.token_is_live(token_id):
-        return None
-    if session_key is not None:
-        engine = import_module(settings.SESSION_ENGINE)
-        if not engine.SessionStore().exists(session_key):
-            return None
-    return user
 
 
 def fragment_for(
@@ -56,7 +40,7 @@ def fragment_for(
     """None: access lost. "": none of the hinted sessions is the user's to
     see. Otherwise the dashboard body for this user and page. With
     `session_ids` None (the periodic refresh) the body is always rendered."""
-    user = user_may_follow(user_id, token_id, session_key)
+    user = live_user(user_id, token_id, session_key)
     if user is None:
         return None
     if session_ids is not None:
@@ -99,7 +83,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             self.joined = False
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        check = database_sync_to_async(user_may_follow)
+        check = database_sync_to_async(live_user)
         if await check(self.user_id, self.token_id, self.session_key) is None:
             return await self._refuse("you may no longer follow the dashboard", 4403)
         await self.send(

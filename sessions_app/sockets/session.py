@@ -28,16 +28,14 @@ import random
 import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 from pydantic import ValidationError
 
-from sessions_app.api import auth, ops
+from sessions_app.api import ops
 from sessions_app.api.errors import (
     BadFrame,
     Busy,
@@ -53,6 +51,7 @@ from sessions_app.api.schemas import FRAMES, ClientFrame
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.log import hints, reads
 from sessions_app.sockets import hub
+from sessions_app.sockets.auth import live_user
 
 logger = logging.getLogger(__name__)
 
@@ -368,16 +367,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     def _current_user(self) -> Any:
         """The user, re-read for every frame: a token revoked or a user
         deactivated since the socket opened stops working at once."""
-        user = auth.active_user(self.user_id)
+        user = live_user(self.user_id, self.token_id, self.session_key)
         if user is None:
-            raise AccessLost("this account is inactive")
-        if self.token_id is not None and not auth.token_is_live(self.token_id):
-            raise AccessLost("this token was revoked")
-        if self.session_key is not None and not _session_exists(self.session_key):
-            raise AccessLost("you have signed out")
+            raise AccessLost("this account is inactive, its token was revoked, or it signed out")
         return user
-
-
-def _session_exists(key: str) -> bool:
-    engine = import_module(settings.SESSION_ENGINE)
-    return bool(engine.SessionStore().exists(key))

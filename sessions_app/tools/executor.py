@@ -127,6 +127,6 @@ def _outcome(content: str, *, is_error: bool) -> ToolOutcome:
     data = content.encode("utf-8", errors="replace")
     if len(data) <= MAX_RESULT_BYTES:
         return ToolOutcome(content, is_error)
-    head = data[:MAX_RESULT_BYTES].decode("utf-8", errors="ignore")
+    kept = data[:MAX_RESULT_BYTES].decode("utf-8", errors="ignore")
     note = f"\n[truncated: the result was {len(data)} bytes; only the first {MAX_RESULT_BYTES} are shown]"
-    return ToolOutcome(head + note, is_error)
+    return ToolOutcome(kept + note, is_error)

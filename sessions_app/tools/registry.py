@@ -16,15 +16,13 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast, get_args
+from typing import Any, cast, get_args
 
 from sessions_app.llm.types import ToolSpec
+from sessions_app.models import AgentProfile
 
 from .base import Approval, Definition
 from .builtins import BUILTINS
-
-if TYPE_CHECKING:
-    from sessions_app.models import AgentProfile
 
 logger = logging.getLogger(__name__)
 

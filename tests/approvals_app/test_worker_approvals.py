@@ -14,18 +14,13 @@ from approvals_app.selectors import pending
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
 from tests.fakes.fake_llm import Reply
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(check, timeout, what)
 
 
 def data(session: Session, kind: str) -> list[dict[str, Any]]:
