@@ -131,13 +131,19 @@ class ChatFollower:
             data = f.get("data") or {}
             row = event_row(f["seq"], f["kind"], data, datetime.fromisoformat(f["at"]), session.inbox_seq)
             out.append(f'<ol hx-swap-oob="beforeend:#log">{render_event(row)}</ol>')
-            if f["kind"] == "step/start":
+            if f["kind"] == "turn/start":
+                self.step = self.closed_step = 0  # steps count from 1 again
+            elif f["kind"] == "step/start":
                 self.step = int(data["step"])
             elif f["kind"] == "assistant/message":
+                # Deltas arrive straight from the hub while this batch was read and
+                # rendered: the bubble may already show the next step. Only the
+                # bubble of this step or an earlier one is emptied.
                 self.closed_step = self.step
-                out.append(self.bubble(None, ""))
+                if self.stream_step is None or self.stream_step <= self.step:
+                    out.append(self.bubble(None, ""))
             elif f["kind"] == "turn/end":
-                self.closed_step = self.step
+                self.closed_step = max(self.step, self.stream_step or 0)
                 out.append(self.bubble(None, ""))
             elif f["kind"] in ("user/message", "context/injected") and data.get("source_seq"):
                 landed.append(int(data["source_seq"]))

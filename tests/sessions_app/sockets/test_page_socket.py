@@ -109,3 +109,27 @@ async def test_a_reviewer_gets_the_parked_call_with_its_decision_form(world, mak
     html = "".join(await fragments_until(comm, lambda h: "k-approval-requested" in h))
     assert 'data-call-id="w1"' in html and 'name="verdict" value="approve"' in html
     await comm.disconnect()
+
+
+async def test_a_delta_of_the_next_step_survives_the_previous_steps_message(world):
+    """Deltas come straight from the hub; a batch read from the database may
+    trail them. The next step's bubble is not emptied by the previous step's
+    message, and a second turn's steps (numbered from 1 again) stream too."""
+    sid = world["sid"]
+    comm = await open_socket(path(world))
+    await db(log.append)(sid, "turn/start", {})
+    await db(log.append)(sid, "step/start", {"step": 1, "model": "demo/offline"})
+    await fragments_until(comm, lambda h: "k-step-start" in h)
+    hints.publish_delta(sid, {"step": 2, "text": "next"})  # step 2 streams before its step/start is read
+    assert await comm.receive_from(timeout=10) == '<div class="text" id="stream-text" hx-swap-oob="true">next</div>'
+    await db(log.append)(sid, "assistant/message", {"content": None, "tool_calls": []})
+    landed = "".join(await fragments_until(comm, lambda h: "k-assistant-message" in h))
+    assert 'id="stream-text" hx-swap-oob="true"></div>' not in landed  # step 2's bubble is kept
+    await db(log.append)(sid, "turn/end", {"status": "completed"})
+    ended = "".join(await fragments_until(comm, lambda h: "k-turn-end" in h))
+    assert 'id="stream-text" hx-swap-oob="true"></div>' in ended  # the turn is over: nothing streams
+    await db(log.append)(sid, "turn/start", {})
+    await fragments_until(comm, lambda h: "k-turn-start" in h)
+    hints.publish_delta(sid, {"step": 1, "text": "again"})  # the next turn's step 1
+    assert await comm.receive_from(timeout=10) == '<div class="text" id="stream-text" hx-swap-oob="true">again</div>'
+    await comm.disconnect()
