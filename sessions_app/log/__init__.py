@@ -26,7 +26,9 @@ the session's projection columns in the same statement or transaction, and
 hands the events to the fan-out after commit. A `fence` re-checks the
 lease generation under that lock (`LeaseLost` if superseded) and extends
 the lease; a missing session is `SessionNotFound`. On PostgreSQL, outside a
-transaction, a write is one autocommit statement: one round trip.
+transaction, a write whose events fit one run (runs.py: no projection
+column twice, at most one extra write; nearly every batch) is one autocommit
+statement: one round trip.
 
 After commit, `on_event` listeners receive each event in seq order per
 session (fanout.py), and a hint goes to the session's channel-layer group
