@@ -85,6 +85,18 @@ class Session(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_gen = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The liveness key of the worker process holding the lease (runtime/
+    # liveness.py): while that process lives, PostgreSQL holds its advisory
+    # lock; once the lock is free, the lease may be taken over at once.
+    lease_process = models.IntegerField(null=True, blank=True)
+
+    # Turn health, projected from the log: the turn/blocked that stopped the
+    # open turn's retries (None: not blocked), the open turn's
+    # turn/cancel_requested, and the agent/waiting of a session whose agent
+    # waits for a registry slot.
+    blocked_seq = models.BigIntegerField(null=True, blank=True)
+    cancel_seq = models.BigIntegerField(null=True, blank=True)
+    waiting_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -98,9 +110,11 @@ class Session(models.Model):
 
     @property
     def status(self) -> str:
-        """idle, running or waiting_approval, derived from the log's projections."""
+        """idle, running, waiting_approval or blocked, derived from the log's projections."""
         if self.open_turn_seq is None:
             return "idle"
+        if self.blocked_seq is not None:
+            return "blocked"
         if self.pending_approvals > 0:
             return "waiting_approval"
         return "running"
@@ -158,6 +172,22 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.agent_id
+
+
+class WorkerProcess(models.Model):
+    """A live worker process, registered while it holds its liveness lock.
+
+    `key` is the second half of a session-level advisory lock the process
+    holds on a connection of its own; a row whose lock is free belongs to a
+    dead process, and whoever notices deletes it and takes its turns over."""
+
+    key = models.IntegerField(unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid} ({self.key})"
 
 
 class InputReceipt(models.Model):

@@ -201,8 +201,34 @@ TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KE
 TERRET_MODEL_MAIN = env_str("TERRET_MODEL_MAIN", "") or ""
 TERRET_MODEL_TITLER = env_str("TERRET_MODEL_TITLER", "") or ""
 TERRET_MODEL_COMPACTOR = env_str("TERRET_MODEL_COMPACTOR", "") or ""
-TERRET_LLM_TIMEOUT = env_float("TERRET_LLM_TIMEOUT", 120.0, minimum=1.0)
+# Per read: how long a model stream may stay silent (keep-alive comments count as data).
+TERRET_LLM_TIMEOUT = env_float("TERRET_LLM_TIMEOUT", 60.0, minimum=1.0)
+# Per call, wall clock, retries included: keep-alive comments do not reset it.
+TERRET_LLM_DEADLINE_SECONDS = env_float("TERRET_LLM_DEADLINE_SECONDS", 300.0, minimum=1.0)
 TERRET_LLM_RETRIES = env_int("TERRET_LLM_RETRIES", 3, minimum=0)
+
+# --- turns that always end (docs/runtime.md) --------------------------------
+# A resumed turn that fails transiently is retried this many times, the n-th
+# after TERRET_RESUME_BACKOFF_SECONDS * 2**(n-1) (5 and 20 s: about 10 minutes
+# in all); then the session is blocked until a stimulus or an operator's retry.
+TERRET_RESUME_ATTEMPTS = env_int("TERRET_RESUME_ATTEMPTS", 5, minimum=1)
+TERRET_RESUME_BACKOFF_SECONDS = env_float("TERRET_RESUME_BACKOFF_SECONDS", 20.0, minimum=0.0)
+# A transient database error inside a drive is retried within the drive for this long.
+TERRET_DB_RETRY_SECONDS = env_float("TERRET_DB_RETRY_SECONDS", 60.0, minimum=0.0)
+# How often a worker looks for cancels of the model calls it is streaming.
+TERRET_CANCEL_POLL_SECONDS = env_float("TERRET_CANCEL_POLL_SECONDS", 0.5, minimum=0.05)
+# How often a worker process looks for dead peers (their liveness locks free).
+TERRET_LIVENESS_POLL_SECONDS = env_float("TERRET_LIVENESS_POLL_SECONDS", 0.5, minimum=0.05)
+# An agent with no turn for this long is disposed of; the next stimulus respawns it.
+TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimum=1.0)
+# What the log keeps of model output and tool results (longer text is cut, with a
+# marker), and the ceiling on one event's JSON, below what a socket frame may carry.
+TERRET_MAX_MODEL_TEXT_CHARS = env_int("TERRET_MAX_MODEL_TEXT_CHARS", 100_000, minimum=1000)
+TERRET_MAX_TOOL_ARGS_CHARS = env_int("TERRET_MAX_TOOL_ARGS_CHARS", 50_000, minimum=1000)
+TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, minimum=1000)
+TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 512 * 1024, minimum=64 * 1024)
+# The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
+TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
 MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sessions_app.llm.abort import Abort
+
 DEMO_SPEC = "demo/offline"
 
 
@@ -45,19 +47,47 @@ class ModelReply:
 
 
 class ModelError(Exception):
-    """The model call failed; the step cannot go on."""
+    """The model call failed; the step cannot go on.
+
+    `transient` says whether the same request may succeed later (an outage,
+    a throttle, a torn stream, a deadline). The runtime decides what a
+    failure means for a turn from this attribute alone (runtime/failures.py)."""
+
+    transient = False
 
 
 class TornStream(ModelError):
     """The stream ended before the provider said it was done."""
 
+    transient = True
+
 
 class ModelUnavailable(ModelError):
-    """Retries are exhausted (timeouts, 429, 5xx) or the provider refused the request."""
+    """Retries are exhausted (timeouts, 408, 429, 5xx, connection errors)."""
+
+    transient = True
+
+
+class ModelDeadline(ModelUnavailable):
+    """The call ran past TERRET_LLM_DEADLINE_SECONDS (keep-alives do not extend it)."""
+
+
+class ModelRejected(ModelError):
+    """The provider refused the request (a 4xx other than 408 and 429: a bad
+    request, an unknown model, a bad key); the same request will fail again."""
 
 
 class ModelNotConfigured(ModelError):
     """A role has no model and no fallback applies."""
+
+
+class ModelCancelled(ModelError):
+    """A cancel stopped the call; `partial` holds what had streamed (text,
+    and usage if the provider had sent it)."""
+
+    def __init__(self, message: str, partial: ModelReply | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial or ModelReply(content=None)
 
 
 DeltaSink = Callable[[str], None]
@@ -70,4 +100,5 @@ class Adapter(Protocol):
         messages: list[dict[str, Any]],
         tools: list[ToolSpec],
         on_delta: DeltaSink | None = None,
+        abort: Abort | None = None,
     ) -> ModelReply: ...

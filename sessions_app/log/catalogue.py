@@ -43,6 +43,8 @@ _TOOL_CALL = {
 }
 TURN_STATUSES = ("completed", "cancelled", "rejected", "empty", "failed")
 MODEL_ROLES = ("main", "titler", "compactor")
+# A turn's health columns start over with every turn/start and turn/end.
+_TURN_FRESH: list[tuple[str, list[Any]]] = [("blocked_seq = NULL", []), ("cancel_seq = NULL", [])]
 
 
 def _obj(props: Json, required: list[str] | None = None) -> Json:
@@ -133,11 +135,13 @@ CATALOGUE: dict[str, Kind] = {
                     "content": {"type": ["string", "null"]},
                     "tool_calls": {"type": "array", "items": _TOOL_CALL},
                     "usage": _USAGE,
+                    "partial": {"type": "boolean"},
                 }
             ),
             True,
             "The model's complete reply for one step: text and/or tool calls. `usage` is kept here too so a "
-            "step closed later (after an approval or a crash) still carries its figure on step/end.",
+            "step closed later (after an approval or a crash) still carries its figure on step/end. `partial` "
+            "marks the text streamed before a Stop cut the reply short.",
         ),
         Kind(
             "tool/result",
@@ -161,20 +165,48 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"by": _STR}),
             False,
             "A turn opens. At most one turn is open at a time.",
-            lambda d: [("open_turn_seq = NEW_SEQ", [])],
+            lambda d: [("open_turn_seq = NEW_SEQ", []), *_TURN_FRESH],
         ),
         Kind(
             "turn/end",
-            _obj({"status": {"enum": list(TURN_STATUSES)}, "error": _STR}, ["status"]),
+            _obj({"status": {"enum": list(TURN_STATUSES)}, "error": _STR, "by": _STR}, ["status"]),
             False,
-            "The open turn closes with one of five statuses.",
-            lambda d: [("open_turn_seq = NULL", []), ("pending_approvals = 0", [])],
+            "The open turn closes with one of five statuses; `error` says why a turn failed (a provider's own "
+            "message included, cut short and without secrets). `by` names who closed a turn no worker held.",
+            lambda d: [("open_turn_seq = NULL", []), ("pending_approvals = 0", []), *_TURN_FRESH],
         ),
         Kind(
             "turn/cancel_requested",
             _obj({"by": _STR, "reason": _STR}),
             False,
-            "A cancel was accepted; the turn ends cancelled at its next step boundary.",
+            "A cancel was accepted; a worker driving the turn stops its model stream within about a second "
+            "and ends the turn cancelled.",
+            lambda d: [("cancel_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
+        ),
+        Kind(
+            "turn/stalled",
+            _obj(
+                {"attempt": {"type": "integer", "minimum": 1}, "error": _STR, "retry_in": {"type": "number"}},
+                ["attempt", "error", "retry_in"],
+            ),
+            False,
+            "A resumed turn failed transiently; it is retried after `retry_in` seconds (attempt N of the "
+            "setting TERRET_RESUME_ATTEMPTS).",
+        ),
+        Kind(
+            "turn/blocked",
+            _obj({"reason": _STR, "attempts": {"type": "integer", "minimum": 0}}, ["reason", "attempts"]),
+            False,
+            "The open turn stopped retrying by itself. New input, a verdict, a cancel or a retry "
+            "(turn/retry_requested) picks it up again.",
+            lambda d: [("blocked_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "turn/retry_requested",
+            _obj({"by": _STR}),
+            False,
+            "Someone asked a blocked turn to be driven again.",
+            lambda d: [("blocked_seq = NULL", [])],
         ),
         Kind(
             "step/start",
@@ -206,7 +238,7 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "Durably queued input; it rides the next step as context/injected (or opens the next turn).",
-            lambda d: [("last_input_seq = NEW_SEQ", [])],
+            lambda d: [("last_input_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
         ),
         Kind(
             "approval/requested",
@@ -224,7 +256,8 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "The verdict for a parked call.",
             lambda d: [
-                ("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", [])
+                ("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", []),
+                ("blocked_seq = NULL", []),
             ],
         ),
         Kind(
@@ -251,11 +284,30 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "agent/spawned",
-            _obj({"agent_id": _NONEMPTY, "profile": _NONEMPTY}, ["agent_id", "profile"]),
+            _obj(
+                {"agent_id": _NONEMPTY, "profile": _NONEMPTY, "live": {"type": "integer", "minimum": 1}},
+                ["agent_id", "profile"],
+            ),
             False,
-            "A live agent was spawned for this session.",
+            "A live agent was spawned for this session (on its first stimulus, or again after a disposal). "
+            "`live` counts the live agents with this one, under the registry lock.",
+            lambda d: [("waiting_seq = NULL", [])],
         ),
-        Kind("agent/disposed", _obj({"agent_id": _NONEMPTY}, ["agent_id"]), False, "The live agent was disposed."),
+        Kind(
+            "agent/waiting",
+            _obj({"reason": _STR, "live": {"type": "integer", "minimum": 0}}, ["reason"]),
+            False,
+            "The session has work but no registry slot (TERRET_MAX_AGENTS are live and busy); its input "
+            "waits, durably, and runs when a slot frees.",
+            lambda d: [("waiting_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "agent/disposed",
+            _obj({"agent_id": _NONEMPTY, "reason": {"enum": ["idle", "evicted", "operator"]}, "by": _STR}, ["agent_id"]),
+            False,
+            "The live agent was disposed: idle past TERRET_AGENT_IDLE_SECONDS, evicted to make room for "
+            "another session's agent, or by an operator. The next stimulus respawns it.",
+        ),
     ]
 }
 

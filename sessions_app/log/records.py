@@ -41,9 +41,10 @@ class LoggedEvent:
 
 
 # The session's workload as a lease claim, a release or a releasing append
-# leaves it: an open turn, its parked approvals, and the inbox cursor against
-# the last queued input. (The session's *head* is its last seq.)
-WORKLOAD_COLUMNS = ("open_turn_seq", "pending_approvals", "inbox_seq", "last_input_seq")
+# leaves it: an open turn, its parked approvals, the inbox cursor against
+# the last queued input, and whether the open turn is blocked (it then waits
+# for a stimulus, not a worker). (The session's *head* is its last seq.)
+WORKLOAD_COLUMNS = ("open_turn_seq", "pending_approvals", "inbox_seq", "last_input_seq", "blocked_seq")
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,16 @@ class Workload:
     pending_approvals: int
     inbox_seq: int
     last_input_seq: int
+    blocked_seq: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Workload:
         return cls(
-            row["open_turn_seq"], int(row["pending_approvals"]), int(row["inbox_seq"]), int(row["last_input_seq"])
+            row["open_turn_seq"],
+            int(row["pending_approvals"]),
+            int(row["inbox_seq"]),
+            int(row["last_input_seq"]),
+            row["blocked_seq"],
         )
 
     @property
