@@ -1,37 +1,143 @@
+"""The admin: agent profiles (validated on save), live agents (read-only,
+disposed by an action), sessions and their log (read-only), API tokens."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
+from sessions_app import services
 from sessions_app.api.auth import revoke
+from sessions_app.errors import AgentBusy, InvalidInput
 from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Session
 from sessions_app.permissions import can_drive
+from sessions_app.runtime.profiles import check_profile
 from sessions_app.services.usage import check_session
 from sessions_app.web.dashboard import compact_outcome
+from sessions_app.web.present import status_label
+
+# The profile's tool and model configuration, and what an empty field means.
+CHECKED_FIELDS: dict[str, Any] = {"roles": dict, "builtin_tools": list, "mcp_servers": list, "approvals": dict}
+
+
+class AgentProfileForm(forms.ModelForm[AgentProfile]):
+    """Checks the roles, tools, MCP servers and approval overrides as the
+    runtime would use them (runtime/profiles.py), each problem on its field."""
+
+    class Meta:
+        model = AgentProfile
+        fields = [
+            "name",
+            "description",
+            "roles",
+            "builtin_tools",
+            "mcp_servers",
+            "allow_floor",
+            "approvals",
+            "compaction_budget",
+            "summarizer",
+            "system_prompt",
+            "created_at",
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for field, empty in CHECKED_FIELDS.items():
+            if field in cleaned and cleaned[field] is None:
+                cleaned[field] = empty()  # a blank field is the empty configuration
+        parsed = {field: cleaned.get(field, empty()) for field, empty in CHECKED_FIELDS.items()}
+        for field, problems in check_profile(**parsed).items():
+            if field in cleaned:  # a field that is not even JSON has its own error already
+                for problem in problems:
+                    self.add_error(field, problem)
+        return cleaned
 
 
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
+    form = AgentProfileForm
     list_display = ["name", "summarizer", "compaction_budget", "created_at"]
     search_fields = ["name", "description"]
 
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin[Agent]):
+    """Live agents, read-only: the runtime spawns them (on a session's first
+    stimulus) and disposes of them (idle, evicted); an operator may dispose of
+    idle ones with the action."""
+
     list_display = ["agent_id", "session", "profile", "created_at"]
     search_fields = ["agent_id"]
     list_filter = ["profile"]
-    raw_id_fields = ["session"]
+    list_select_related = ["session", "profile"]
+    actions = ["dispose_selected"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a row deleted here would skip agent/disposed: use the action
+
+    @admin.action(description="Dispose selected agents")
+    def dispose_selected(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        by = request.user.get_username()
+        done = 0
+        for agent_id in list(queryset.values_list("agent_id", flat=True)[:100]):
+            try:
+                services.dispose_agent(agent_id, reason="operator", by=by)
+            except AgentBusy as exc:
+                self.message_user(request, f"{agent_id}: not disposed: {exc}", messages.WARNING)
+            except InvalidInput as exc:  # disposed meanwhile
+                self.message_user(request, f"{agent_id}: {exc}", messages.WARNING)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"Disposed {done} agent(s).", messages.SUCCESS)
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """By status, from the projection columns Session.status is derived from."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("idle", "idle"),
+            ("running", "running"),
+            ("waiting_approval", "waiting for approval"),
+            ("blocked", "blocked"),
+            ("waiting_slot", "waiting for an agent slot"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
+        open_turn = Q(open_turn_seq__isnull=False)
+        match self.value():
+            case "idle":
+                return queryset.filter(open_turn_seq__isnull=True)
+            case "running":
+                return queryset.filter(open_turn, blocked_seq__isnull=True, pending_approvals=0)
+            case "waiting_approval":
+                return queryset.filter(open_turn, blocked_seq__isnull=True, pending_approvals__gt=0)
+            case "blocked":
+                return queryset.filter(open_turn, blocked_seq__isnull=False)
+            case "waiting_slot":
+                return queryset.filter(waiting_seq__isnull=False)
+        return queryset
 
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin[Session]):
     list_display = ["id", "title", "status", "owner", "profile", "last_seq", "cost", "last_event_at"]
-    list_filter = ["profile", "owner"]
+    list_filter = [StatusFilter, "profile", "owner"]
     search_fields = ["id", "title", "owner__username"]
     readonly_fields = [f.name for f in Session._meta.get_fields() if getattr(f, "concrete", False)]
     list_select_related = ["owner", "profile"]
@@ -40,6 +146,12 @@ class SessionAdmin(admin.ModelAdmin[Session]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the log below it is append-only
+
+    @admin.display(description="status")
+    def status(self, session: Session) -> str:
+        """idle, running, waiting for approval or blocked; and whether its work waits for an agent slot."""
+        label = status_label(session.status)
+        return f"{label} (waiting for an agent slot)" if session.waiting_seq is not None else label
 
     @admin.action(description="Compact selected sessions")
     def compact_selected(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
@@ -58,7 +170,7 @@ class SessionAdmin(admin.ModelAdmin[Session]):
             self.message_user(request, f"{session}: {text}", messages.SUCCESS if ok else messages.ERROR)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # sessions are created through the app, which also spawns their agent
+        return False  # sessions are created through the app; the runtime spawns their agent
 
 
 class EventKindFilter(admin.SimpleListFilter):

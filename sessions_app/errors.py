@@ -74,6 +74,20 @@ class TurnAlreadyRunning(TerretError):
     status = 409
 
 
+class NotBlocked(TerretError):
+    """Retry asks a blocked turn to run again; this session's turn is not blocked."""
+
+    code = "not_blocked"
+    status = 409
+
+
+class NoProfile(TerretError):
+    """The session names no agent profile, so no agent can be spawned for it."""
+
+    code = "no_profile"
+    status = 409
+
+
 class TurnOpenInLog(TerretError):
     code = "turn_open_in_log"
     status = 409

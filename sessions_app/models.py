@@ -103,7 +103,13 @@ class Session(models.Model):
         # Every append updates this row, so no column an append writes is
         # indexed (last_event_at included: lists sort their own sessions):
         # then PostgreSQL can update it in place (HOT), touching no index.
-        indexes = [models.Index(fields=["owner", "-created_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            # Only sessions waiting for an agent slot: the registry hands freed
+            # slots to them after every turn. Partial, and on a column ordinary
+            # appends leave alone, so those stay HOT.
+            models.Index(fields=["waiting_seq"], condition=models.Q(waiting_seq__isnull=False), name="session_waiting"),
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.id)

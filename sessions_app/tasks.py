@@ -1,4 +1,17 @@
-"""Celery tasks: thin adapters that take ids, are safe to run twice, and call one service."""
+"""Celery tasks: thin adapters that take ids, are safe to run twice, and call one service.
+
+The worker's lifecycle is wired here too, from Celery's signals:
+
+- at start, the process takes its liveness lock (runtime/liveness.py), so a
+  kill -9 frees its leases at once, and starts the sweeper;
+- on SIGTERM (warm shutdown) it drains: drives claim nothing new and a
+  running turn hands its session over at its next commit; each handed-off
+  session gets a fresh wake-up here, for a worker that stays. Celery stops
+  consuming, waits for the running tasks and exits; an unacked message it
+  had not started goes back to the queue (acks_late), so nothing is lost,
+  and nothing is run twice (every step is committed before it is handed on);
+- at exit it gives its liveness key up.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +21,15 @@ import threading
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 from django.db import connection
 
 from sessions_app.llm import openai
-from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK
+from sessions_app.runtime import lifecycle, liveness, registry
+from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
+from sessions_app.runtime.outcomes import Outcome
 from sessions_app.runtime.sweep import sweep
 
 log = logging.getLogger(__name__)
@@ -23,9 +38,12 @@ log = logging.getLogger(__name__)
 @shared_task(name=DRIVE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def drive_session(session_id: str) -> str:
     try:
-        return str(drive(session_id))
+        outcome = drive(session_id)
     finally:
         connection.close()  # hand the pooled connection back between tasks
+    if outcome is Outcome.HANDED_OFF:
+        send_drive(session_id)  # this process is draining: a worker that stays takes the session
+    return str(outcome)
 
 
 @shared_task(name=SWEEP_TASK, ignore_result=True)
@@ -40,12 +58,8 @@ def _sweep_loop() -> None:
     stop = threading.Event()
     first = True
     while True:
-        try:
-            sweep_sessions(at_start=first)
-        except Exception:
-            log.exception("sweep failed")
-        finally:
-            connection.close()
+        if not lifecycle.draining.is_set():  # a draining worker wakes nothing
+            _sweep_round(first)
         if first:
             # After the first sweep, not before it: recovering a dead
             # worker's turns should not wait for imports it may not need.
@@ -55,6 +69,30 @@ def _sweep_loop() -> None:
             except Exception:
                 log.exception("warm-up failed; the first turns import what they need themselves")
         stop.wait(settings.TERRET_SWEEP_SECONDS)
+
+
+def _sweep_round(first: bool) -> None:
+    """One round: turns nobody drives, idle agents, free slots. Each part on
+    its own, so one failing does not stop the others."""
+    try:
+        sweep_sessions(at_start=first)
+    except Exception:
+        log.exception("sweep failed")
+    finally:
+        connection.close()
+    try:
+        registry.reap_idle()
+    except Exception:
+        log.exception("reaping idle agents failed")
+    finally:
+        connection.close()
+    try:
+        for sid in registry.offer_slots():
+            send_drive(sid)
+    except Exception:
+        log.exception("offering agent slots failed")
+    finally:
+        connection.close()
 
 
 def warm_up() -> None:
@@ -72,9 +110,41 @@ def warm_up() -> None:
     openai.tls_context()  # the CA bundle, loaded once for every thread's client
 
 
+def _start_liveness() -> None:
+    try:
+        liveness.start(send_drive)
+    except Exception:
+        log.exception("liveness did not start; leases of this process are freed by their expiry only")
+
+
+@worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    # Before the pool takes tasks, so that every claim records the key.
+    _start_liveness()
+
+
+@worker_process_init.connect
+def _on_worker_process_init(**_: Any) -> None:
+    # A prefork child is a process of its own: its own key (liveness resets after fork).
+    _start_liveness()
+
+
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     # Every worker sweeps at start (recovering turns a dead worker left) and
     # then periodically; concurrent sweeps are harmless because drives are
     # serialized by the session lease.
+    _start_liveness()  # idempotent: worker_init normally did it
     threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()
+
+
+@worker_shutting_down.connect
+def _drain(**_: Any) -> None:
+    # Sent by the SIGTERM handler of the main process, before Celery stops consuming.
+    lifecycle.draining.set()
+
+
+@worker_shutdown.connect
+def _release_liveness(**_: Any) -> None:
+    # After the pool has finished its tasks: every lease was handed over.
+    liveness.stop()

@@ -209,10 +209,10 @@ TERRET_LLM_RETRIES = env_int("TERRET_LLM_RETRIES", 3, minimum=0)
 
 # --- turns that always end (docs/runtime.md) --------------------------------
 # A resumed turn that fails transiently is retried this many times, the n-th
-# after TERRET_RESUME_BACKOFF_SECONDS * 2**(n-1) (5 and 20 s: about 10 minutes
+# after TERRET_RESUME_BACKOFF_SECONDS * 2**(n-1) (5 and 40 s: 40+80+160+320 s, about 10 minutes
 # in all); then the session is blocked until a stimulus or an operator's retry.
 TERRET_RESUME_ATTEMPTS = env_int("TERRET_RESUME_ATTEMPTS", 5, minimum=1)
-TERRET_RESUME_BACKOFF_SECONDS = env_float("TERRET_RESUME_BACKOFF_SECONDS", 20.0, minimum=0.0)
+TERRET_RESUME_BACKOFF_SECONDS = env_float("TERRET_RESUME_BACKOFF_SECONDS", 40.0, minimum=0.0)
 # A transient database error inside a drive is retried within the drive for this long.
 TERRET_DB_RETRY_SECONDS = env_float("TERRET_DB_RETRY_SECONDS", 60.0, minimum=0.0)
 # How often a worker looks for cancels of the model calls it is streaming.
@@ -226,7 +226,7 @@ TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimu
 TERRET_MAX_MODEL_TEXT_CHARS = env_int("TERRET_MAX_MODEL_TEXT_CHARS", 100_000, minimum=1000)
 TERRET_MAX_TOOL_ARGS_CHARS = env_int("TERRET_MAX_TOOL_ARGS_CHARS", 50_000, minimum=1000)
 TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, minimum=1000)
-TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 512 * 1024, minimum=64 * 1024)
+TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 900 * 1024, minimum=64 * 1024)
 # The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
 TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""

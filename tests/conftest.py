@@ -103,10 +103,14 @@ def profile(db: None) -> Any:
 
 @pytest.fixture
 def session(owner: Any, profile: Any) -> Any:
-    """A session of `owner` on `profile` (a module may override either), with its live agent."""
+    """A session of `owner` on `profile` (a module may override either), with
+    its live agent spawned already (its log starts with agent/spawned; the
+    runtime would otherwise spawn it on the first drive)."""
     from sessions_app import services
 
-    return services.create_session(owner, profile)
+    session = services.create_session(owner, profile)
+    services.spawn_agent(session, profile)
+    return session
 
 
 @pytest.fixture

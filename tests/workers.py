@@ -3,7 +3,10 @@
 `start_worker()` (fixture in tests/conftest.py) launches
 `celery -A terret_site worker --pool threads` as a separate OS process pointed
 at the pytest test database and the test Redis, so durability tests exercise
-exactly what production runs. `.kill()` sends SIGKILL: no cleanup code runs.
+exactly what production runs. `.kill()` sends SIGKILL: no cleanup code runs;
+`.pause()`/`.resume()` send SIGSTOP/SIGCONT and `.terminate()` SIGTERM
+(Celery's warm shutdown). Workers get short lease settings unless a test
+passes `**DEFAULT_LEASES` (the production defaults).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Overrides for worker_env that leave the lease settings at their production
+# defaults (an empty value means the default: terret_site/env.py).
+DEFAULT_LEASES = {"TERRET_LEASE_SECONDS": "", "TERRET_SWEEP_SECONDS": "", "TERRET_LIVENESS_POLL_SECONDS": ""}
 
 
 def test_database_url() -> str:
@@ -94,6 +101,22 @@ class WorkerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes with its sockets (and its liveness lock) held."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def terminate(self) -> None:
+        """SIGTERM, as a deploy sends it (Celery's warm shutdown); does not wait."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit code, once the process has exited."""
+        return self.proc.wait(timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

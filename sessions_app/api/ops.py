@@ -22,7 +22,7 @@ from policies_app import services as policy_services
 from sessions_app import services
 from sessions_app.api.errors import NotAllowed, UnknownSession
 from sessions_app.errors import InvalidInput
-from sessions_app.log.reads import events_page, usage
+from sessions_app.log.reads import blocked_info, events_page, usage, waiting_info
 from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive, can_view
 from sessions_app.services import compaction
@@ -78,13 +78,29 @@ def create_session(user: Any, profile: str) -> dict[str, Any]:
     return {"id": str(session.id), "profile": found.name, "status": session.status}
 
 
+def _iso(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {**info, "since": info["since"].isoformat()}
+
+
+def health(session: Session) -> dict[str, Any]:
+    """status, and `blocked` {reason, attempts, since} / `waiting` {reason,
+    since} (each None unless the session is in that state), JSON-ready."""
+    return {
+        "status": session.status,
+        "blocked": _iso(blocked_info(session)),
+        "waiting": _iso(waiting_info(session)),
+    }
+
+
 def session_detail(user: Any, session_id: Any) -> dict[str, Any]:
     session = session_for(user, session_id, "view")
     totals = usage(session)
     return {
         "id": str(session.id),
         "profile": session.profile.name if session.profile else None,
-        "status": session.status,
+        **health(session),
         "title": session.title,
         "usage": {
             "prompt_tokens": totals["prompt_tokens"],
@@ -109,6 +125,15 @@ def head(session_id: uuid.UUID) -> int:
     if value is None:
         raise UnknownSession(f"no session {session_id}")
     return int(value)
+
+
+def live_state(session_id: uuid.UUID) -> dict[str, Any]:
+    """The log head and the session's health (see `health`), from one read of
+    the session row, so the status describes the log exactly up to last_seq."""
+    session = Session.objects.filter(id=session_id).first()
+    if session is None:
+        raise UnknownSession(f"no session {session_id}")
+    return {"last_seq": session.last_seq, **health(session)}
 
 
 def events(user: Any, session_id: Any, after: int, limit: int) -> dict[str, Any]:
@@ -146,8 +171,25 @@ def set_policy(user: Any, session_id: Any, patterns: list[str]) -> dict[str, Any
 
 
 def cancel(user: Any, session_id: Any) -> dict[str, Any]:
+    """Cancel the open turn. `closed`: it has already ended (no worker held
+    it, so the cancel closed it at once); otherwise the worker driving it
+    stops its model stream within about a second."""
     session = session_for(user, session_id, "drive")
-    return {"cancelled": services.cancel(session.id, by=_by(user))}
+    cancelled = services.cancel(session.id, by=_by(user))
+    closed = False
+    if cancelled:
+        row = Session.objects.filter(id=session.id).values_list("open_turn_seq", "cancel_seq").first()
+        # turn/end clears cancel_seq: an open turn without one is a later turn, so ours has ended.
+        closed = row is None or row[0] is None or row[1] is None
+    return {"cancelled": cancelled, "closed": closed}
+
+
+def retry(user: Any, session_id: Any) -> dict[str, Any]:
+    """Drive a blocked turn again now (NotBlocked, 409, when it is not blocked)."""
+    session = session_for(user, session_id, "drive")
+    services.retry(session.id, by=_by(user))
+    fresh = Session.objects.filter(id=session.id).first()
+    return {"status": (fresh or session).status}
 
 
 def compact(user: Any, session_id: Any) -> dict[str, Any]:

@@ -23,6 +23,9 @@ MAX_PATTERN_CHARS = 200
 
 Role = Literal["main", "titler", "compactor"]
 assert set(MODEL_ROLES) == {"main", "titler", "compactor"}  # keep the Literal in step
+# Session.status: idle (no open turn), running, waiting_approval (a call is
+# parked), blocked (the open turn stopped retrying by itself; see /retry).
+Status = Literal["idle", "running", "waiting_approval", "blocked"]
 
 Text = Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
@@ -89,7 +92,7 @@ class DecisionFrame(ClientFrame):
 
 
 class BareFrame(ClientFrame):
-    type: Literal["cancel", "compact", "ping"]
+    type: Literal["cancel", "retry", "compact", "ping"]
 
 
 class PolicyFrame(ClientFrame):
@@ -108,6 +111,7 @@ FRAMES: dict[str, type[ClientFrame]] = {
     "approve": DecisionFrame,
     "deny": DecisionFrame,
     "cancel": BareFrame,
+    "retry": BareFrame,
     "compact": BareFrame,
     "ping": BareFrame,
     "set_policy": PolicyFrame,
@@ -135,7 +139,7 @@ class ProfilesOut(Schema):
 class CreatedOut(Schema):
     id: str
     profile: str
-    status: Literal["idle", "running", "waiting_approval"]
+    status: Status
 
 
 class UsageOut(Schema):
@@ -153,10 +157,27 @@ class PendingOut(Schema):
     seq: int
 
 
+class BlockedOut(Schema):
+    """Why the open turn stopped retrying by itself (its turn/blocked)."""
+
+    reason: str
+    attempts: int
+    since: str = Field(description="ISO 8601: when the turn was blocked")
+
+
+class WaitingOut(Schema):
+    """The session has work but every live agent slot is busy (its agent/waiting)."""
+
+    reason: str
+    since: str = Field(description="ISO 8601: since when the session waits")
+
+
 class SessionOut(Schema):
     id: str
     profile: str | None
-    status: Literal["idle", "running", "waiting_approval"]
+    status: Status
+    blocked: BlockedOut | None = Field(description="set when status is blocked")
+    waiting: WaitingOut | None = Field(description="set while the session's work waits for an agent slot")
     title: str
     usage: UsageOut
     last_seq: int
@@ -195,7 +216,15 @@ class PolicyOut(Schema):
 
 
 class CancelOut(Schema):
-    cancelled: bool
+    cancelled: bool = Field(description="false when no turn was open")
+    closed: bool = Field(
+        description="true when the cancelled turn has already ended (no worker held it); "
+        "false when a worker is stopping it (within about a second) or nothing was cancelled"
+    )
+
+
+class RetryOut(Schema):
+    status: Status = Field(description="the session's status once the retry was requested")
 
 
 class CompactOut(Schema):

@@ -39,6 +39,7 @@ from sessions_app.api.schemas import (
     PolicyOut,
     ProfilesOut,
     ReceiptOut,
+    RetryOut,
     SessionOut,
 )
 from sessions_app.errors import InvalidInput, TerretError
@@ -136,13 +137,14 @@ def list_profiles(request: HttpRequest) -> Any:
 
 @api.post("/sessions", response={201: CreatedOut, **_WRITE_ERRORS}, tags=["sessions"])
 def create_session(request: HttpRequest, payload: CreateSessionIn) -> Any:
-    """Start a session (and its live agent) from a profile."""
+    """Start a session from a profile (its agent is spawned by its first input)."""
     return Status(201, ops.create_session(_user(request), payload.profile))
 
 
 @api.get("/sessions/{session_id}", response={200: SessionOut, **_READ_ERRORS}, tags=["sessions"])
 def session_detail(request: HttpRequest, session_id: str) -> Any:
-    """Status, title, usage, log head and the calls waiting for approval."""
+    """Status (with why it is blocked, or waiting for an agent slot), title,
+    usage, log head and the calls waiting for approval."""
     return ops.session_detail(_user(request), session_id)
 
 
@@ -188,8 +190,16 @@ def set_policy(request: HttpRequest, session_id: str, payload: PolicyIn) -> Any:
 
 @api.post("/sessions/{session_id}/cancel", response={200: CancelOut, **_WRITE_ERRORS}, tags=["sessions"])
 def cancel(request: HttpRequest, session_id: str) -> Any:
-    """Cancel the open turn (false when none was open)."""
+    """Cancel the open turn (cancelled=false when none was open). A turn no
+    worker holds (parked, blocked, not yet claimed) ends at once (closed=true);
+    a running one stops its model stream within about a second."""
     return ops.cancel(_user(request), session_id)
+
+
+@api.post("/sessions/{session_id}/retry", response={202: RetryOut, **_WRITE_ERRORS}, tags=["sessions"])
+def retry(request: HttpRequest, session_id: str) -> Any:
+    """Drive a blocked turn again now (409 not_blocked when it is not blocked)."""
+    return Status(202, ops.retry(_user(request), session_id))
 
 
 @api.post(

@@ -3,6 +3,9 @@
 It exists so a fresh checkout without an API key still shows a working
 agent: streaming text, a tool call, an approval for a mutating tool, and a
 reply to the tool's result.
+
+It honours an `Abort` between streamed words (a cancel in the chat shows the
+same way as with a real model). It arms no deadline: it cannot hang.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sessions_app.llm.abort import Abort
+from sessions_app.llm.deadline import stop_error
 from sessions_app.llm.types import DeltaSink, ModelReply, ToolCall, ToolSpec, Usage
 
 logger = logging.getLogger(__name__)
@@ -161,7 +166,10 @@ class DemoAdapter:
         messages: list[dict[str, Any]],
         tools: list[ToolSpec],
         on_delta: DeltaSink | None = None,
+        abort: Abort | None = None,
     ) -> ModelReply:
+        if abort is not None and abort.is_set():
+            raise stop_error(abort, spec, ModelReply(content=None))
         decision = _decide(messages, tools)
         prompt = _tokens(_prompt_chars(messages, tools))
         if isinstance(decision, _Intent):
@@ -169,14 +177,22 @@ class DemoAdapter:
             call = ToolCall(id=f"demo_{secrets.token_hex(8)}", name=decision.tool, arguments=arguments)
             usage = Usage(prompt, _tokens(len(decision.tool) + len(arguments)), 0.0)
             return ModelReply(content=None, tool_calls=[call], usage=usage, finish_reason="tool_calls")
-        self._stream(decision, on_delta)
+        self._stream(spec, decision, on_delta, abort)
         return ModelReply(content=decision, usage=Usage(prompt, _tokens(len(decision)), 0.0), finish_reason="stop")
 
-    def _stream(self, text: str, on_delta: DeltaSink | None) -> None:
+    def _stream(self, spec: str, text: str, on_delta: DeltaSink | None, abort: Abort | None) -> None:
         if on_delta is None:
             return
         delay = _delay()
+        sent: list[str] = []
         for word in _words(text):
+            if abort is not None and abort.is_set():
+                raise stop_error(abort, spec, ModelReply(content="".join(sent) or None))
             on_delta(word)
-            if delay:
+            sent.append(word)
+            if not delay:
+                continue
+            if abort is not None:
+                abort.wait(delay)  # returns at once on an abort
+            else:
                 time.sleep(delay)

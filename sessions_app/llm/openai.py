@@ -5,6 +5,12 @@ process; each thread keeps its own lazily created httpx.Client (see
 shared_client).
 Settings are read at call time, so overrides (tests, `settings` fixture) apply
 to the process-wide adapter singleton too.
+
+Every call runs under an `Abort` (the caller's, or one of its own) with its
+wall-clock deadline armed on the process-wide watchdog (llm/deadline.py).
+httpx cannot interrupt a blocked read, so while a call streams, the Abort
+holds a hook that shuts the call's socket down: the read then returns at
+once, whether the provider is silent or trickles keep-alive comments.
 """
 
 from __future__ import annotations
@@ -17,20 +23,25 @@ import logging
 import os
 import random
 import re
+import socket
 import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from django.conf import settings
 
+from sessions_app.llm import deadline
+from sessions_app.llm.abort import DEADLINE, Abort
 from sessions_app.llm.types import (
     DeltaSink,
+    ModelError,
     ModelNotConfigured,
+    ModelRejected,
     ModelReply,
     ModelUnavailable,
     ToolCall,
@@ -49,6 +60,8 @@ BACKOFF_MAX_SECONDS = 30.0
 # instead of pinning a worker thread for minutes.
 MAX_RETRY_AFTER_SECONDS = 60.0
 CONNECT_TIMEOUT_SECONDS = 15.0
+# How much of the provider's own error message a ModelError carries.
+PROVIDER_MESSAGE_LIMIT = 500
 
 _WIRE_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _WIRE_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -193,6 +206,11 @@ class _StreamState:
         if function.get("arguments"):
             parts.arguments.append(function["arguments"])
 
+    def partial(self) -> ModelReply:
+        """What a stopped call had received: text and usage. Tool calls are
+        dropped: a half-streamed call cannot be run."""
+        return ModelReply(content="".join(self.text) or None, usage=self.usage)
+
     def reply(self, known: Mapping[str, str]) -> ModelReply:
         calls = [
             ToolCall(
@@ -218,6 +236,35 @@ def _parse_usage(raw: dict[str, Any]) -> Usage:
 
 # -- errors -----------------------------------------------------------------
 
+REDACTED = "[redacted]"
+# Shorter "secrets" would blank ordinary words out of every message; real keys are far longer.
+_MIN_SECRET_LENGTH = 8
+_KEY_SHAPED = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}|\bAIza[0-9A-Za-z_-]{30,}")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s\"',;]{8,}")
+_KEY_FIELD = re.compile(r"(?i)\b((?:api[_-]?key|access[_-]?token|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;]{6,}")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` without credentials: every one of `secrets` (the configured API
+    key) wherever it appears, and anything shaped like a key (`sk-…`,
+    `sk-or-v1-…`, `AIza…`, `Bearer …`, `api_key=…`). Provider text goes
+    through here before it reaches any exception, log line or event."""
+    for secret in secrets:
+        if len(secret) >= _MIN_SECRET_LENGTH:
+            text = text.replace(secret, REDACTED)
+    text = _KEY_SHAPED.sub(REDACTED, text)
+    text = _BEARER.sub(rf"\1{REDACTED}", text)
+    return _KEY_FIELD.sub(rf"\1{REDACTED}", text)
+
+
+def _provider_text(raw: str, secrets: Iterable[str]) -> str:
+    """The provider's words as a ModelError carries them: redacted, then cut
+    (in that order, so a key cut in two cannot survive by halves)."""
+    text = redact(raw, secrets).strip()
+    if len(text) <= PROVIDER_MESSAGE_LIMIT:
+        return text
+    return text[:PROVIDER_MESSAGE_LIMIT].rstrip() + "…"
+
 
 class _Transient(Exception):
     """A failure worth another attempt, unless output was already shown."""
@@ -227,17 +274,26 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
+def _error_text(error: dict[str, Any]) -> str:
+    """An `error` object's message, with OpenRouter's `metadata.raw` (the
+    upstream provider's own words) when it has one."""
+    message = str(error.get("message") or json.dumps(error))
+    metadata = error.get("metadata")
+    raw = metadata.get("raw") if isinstance(metadata, dict) else None
+    return f"{message} ({raw})" if isinstance(raw, str) and raw else message
+
+
 def _provider_message(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text[:500].strip() or response.reason_phrase
+        return response.text.strip() or response.reason_phrase
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and error.get("message"):
-        return str(error["message"])
+        return _error_text(error)
     if isinstance(error, str):
         return error
-    return json.dumps(body)[:500]
+    return json.dumps(body)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -255,23 +311,40 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _http_error(response: httpx.Response) -> Exception:
-    message = f"HTTP {response.status_code} from the model provider: {_provider_message(response)}"
-    if response.status_code in (408, 429) or response.status_code >= 500:
+def _retryable(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def _status_code(raw: Any) -> int | None:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.isdigit():
+        return int(raw)
+    return None
+
+
+def _http_error(response: httpx.Response, secrets: Iterable[str]) -> Exception:
+    text = _provider_text(_provider_message(response), secrets)
+    message = f"HTTP {response.status_code} from the model provider: {text}"
+    if _retryable(response.status_code):
         return _Transient(message, retry_after=_retry_after(response))
-    return ModelUnavailable(message)
+    # Any other 4xx (a bad request or key, no credits, an unknown model) fails the same way every time.
+    return ModelRejected(message)
 
 
-def _chunk_error(chunk: dict[str, Any]) -> Exception | None:
+def _chunk_error(chunk: dict[str, Any], secrets: Iterable[str]) -> Exception | None:
     """OpenRouter reports failures after the 200 as an `error` chunk."""
     error = chunk.get("error")
     if not error:
         return None
-    message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-    code = error.get("code") if isinstance(error, dict) else None
-    text = f"model provider error mid-stream: {message}"
-    if isinstance(code, int) and (code in (408, 429) or code >= 500):
+    message = _error_text(error) if isinstance(error, dict) else str(error)
+    text = f"model provider error mid-stream: {_provider_text(message, secrets)}"
+    code = _status_code(error.get("code") if isinstance(error, dict) else None)
+    if code is not None and _retryable(code):
         return _Transient(text)
+    if code is not None and 400 <= code < 500:
+        return ModelRejected(text)
+    # No HTTP-like code: not retried here, but not called permanent either.
     return ModelUnavailable(text)
 
 
@@ -298,8 +371,54 @@ def shared_client() -> httpx.Client:
     if client is None or getattr(_local, "pid", 0) != os.getpid():
         limits = httpx.Limits(max_connections=8, max_keepalive_connections=2, keepalive_expiry=30.0)
         client = httpx.Client(limits=limits, follow_redirects=False, verify=tls_context())
-        _local.client, _local.pid = client, os.getpid()
+        _local.client, _local.sockets, _local.pid = client, _Sockets(), os.getpid()
     return client
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Make a read blocked on `sock` in another thread return now (EOF or
+    an error). close() would not wake it; shutdown() does."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, or never connected
+
+
+class _Sockets:
+    """The sockets one thread's client has opened, known through httpcore's
+    `trace` extension (the only public way to see a connection's stream
+    before the response headers arrive)."""
+
+    _EVENTS = ("connect_tcp.complete", "connect_unix_socket.complete", "start_tls.complete")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if not event.endswith(self._EVENTS):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            return
+        with self._lock:
+            # A closed socket's fileno is -1 (so is a plain socket that TLS took over).
+            self._open = [s for s in self._open if s.fileno() != -1]
+            self._open.append(sock)
+
+    def cut(self) -> None:
+        with self._lock:
+            open_now = list(self._open)
+        for sock in open_now:
+            _shutdown(sock)
+
+
+def _response_cut(response: httpx.Response, sockets: _Sockets) -> Callable[[], None]:
+    """The hook that interrupts this response's reads: its own socket."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return functools.partial(_shutdown, sock) if sock is not None else sockets.cut
 
 
 # -- the adapter ------------------------------------------------------------
@@ -307,16 +426,41 @@ def shared_client() -> httpx.Client:
 
 @dataclass(frozen=True)
 class _Request:
+    spec: str
     url: str
     body: dict[str, Any]
     headers: dict[str, str]
     known: dict[str, str]  # wire name -> Terret name, for the offered tools
+    secrets: tuple[str, ...]  # redacted from every provider message
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One `complete` call: its request and what may stop it."""
+
+    request: _Request
+    on_delta: DeltaSink | None
+    abort: Abort
+    deadline: float  # seconds, for messages
+    ends: float  # time.monotonic() when the deadline passes
+
+    def stopped(self, partial: ModelReply | None = None) -> ModelError:
+        return deadline.stop_error(self.abort, self.request.spec, partial or ModelReply(content=None), self.deadline)
+
+    def stopping(self) -> bool:
+        """True when the call must end now. The clock is read too: the
+        watchdog may be a moment behind a timeout that fired at the deadline."""
+        if time.monotonic() >= self.ends:
+            self.abort.set(DEADLINE)  # the first reason wins: a cancel stays a cancel
+        return self.abort.is_set()
 
 
 class OpenAIAdapter:
     """Chat completions for any OpenAI-compatible endpoint.
 
-    Every argument left as None is read from settings on each call."""
+    Every argument left as None is read from settings on each call:
+    `timeout` (per read, TERRET_LLM_TIMEOUT), `deadline` (per call, wall
+    clock, TERRET_LLM_DEADLINE_SECONDS), `retries`, `backoff_base`."""
 
     def __init__(
         self,
@@ -325,12 +469,14 @@ class OpenAIAdapter:
         timeout: float | None = None,
         retries: int | None = None,
         backoff_base: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.base_url = base_url
         self.api_key = api_key
         self.timeout = timeout
         self.retries = retries
         self.backoff_base = backoff_base
+        self.deadline = deadline
 
     def complete(
         self,
@@ -338,23 +484,52 @@ class OpenAIAdapter:
         messages: list[dict[str, Any]],
         tools: list[ToolSpec],
         on_delta: DeltaSink | None = None,
+        abort: Abort | None = None,
     ) -> ModelReply:
+        """The model's reply. Raises ModelRejected (a 4xx other than 408/429,
+        at once), ModelUnavailable (retries exhausted), TornStream (the stream
+        broke after text was shown), ModelDeadline (the deadline passed) or
+        ModelCancelled (`abort` was set; its `partial` holds what streamed)."""
         request = self._build(spec, messages, tools)
+        seconds = self.deadline if self.deadline is not None else float(settings.TERRET_LLM_DEADLINE_SECONDS)
+        # Without the caller's Abort the deadline still needs one to set.
+        abort = abort if abort is not None else Abort()
+        call = _Call(request, on_delta, abort, seconds, time.monotonic() + seconds)
+        disarm = deadline.arm(call.abort, seconds)
+        try:
+            return self._run(call)
+        finally:
+            disarm()
+
+    def _run(self, call: _Call) -> ModelReply:
         retries = self.retries if self.retries is not None else settings.TERRET_LLM_RETRIES
         attempt = 0
         while True:
-            state = _StreamState(on_delta)
+            if call.stopping():
+                raise call.stopped()
+            state = _StreamState(call.on_delta)
             try:
-                return self._attempt(request, state)
-            except _Transient as err:
-                if state.emitted:
-                    raise TornStream(f"{spec}: the stream ended before [DONE] after output was shown ({err})") from err
-                if attempt >= retries:
-                    raise ModelUnavailable(f"{spec}: gave up after {attempt + 1} attempt(s): {err}") from err
-                delay = self._delay(attempt, err.retry_after, spec)
-                logger.warning("model %s attempt %d failed (%s); retrying in %.2fs", spec, attempt + 1, err, delay)
-                time.sleep(delay)
-                attempt += 1
+                return self._attempt(call, state)
+            except Exception as err:
+                if call.stopping():
+                    # Whatever the cut read raised, the call ends for the abort's reason, never retried.
+                    raise call.stopped(state.partial()) from err
+                if not isinstance(err, _Transient):
+                    raise
+                self._pause(call, attempt, retries, state, err)
+            attempt += 1
+
+    def _pause(self, call: _Call, attempt: int, retries: int, state: _StreamState, err: _Transient) -> None:
+        """Wait before the next attempt, or raise if there is none."""
+        spec = call.request.spec
+        if state.emitted:
+            raise TornStream(f"{spec}: the stream ended before [DONE] after output was shown ({err})") from err
+        if attempt >= retries:
+            raise ModelUnavailable(f"{spec}: gave up after {attempt + 1} attempt(s): {err}") from err
+        delay = self._delay(attempt, err.retry_after, spec)
+        logger.warning("model %s attempt %d failed (%s); retrying in %.2fs", spec, attempt + 1, err, delay)
+        if call.abort.wait(delay):  # a cancel or the deadline ends the sleep at once
+            raise call.stopped() from err
 
     def _build(self, spec: str, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> _Request:
         base = (self.base_url or settings.TERRET_LLM_BASE_URL or "").rstrip("/")
@@ -374,26 +549,48 @@ class OpenAIAdapter:
         if tools:
             body["tools"] = [_wire_tool(t) for t in tools]
         known = {to_wire(t.name): t.name for t in tools}
-        return _Request(url=f"{base}/chat/completions", body=body, headers=headers, known=known)
+        url = f"{base}/chat/completions"
+        return _Request(spec, url, body, headers, known, secrets=(key,) if key else ())
 
-    def _timeout(self) -> httpx.Timeout:
+    def _timeout(self, ends: float) -> httpx.Timeout:
         seconds = self.timeout if self.timeout is not None else settings.TERRET_LLM_TIMEOUT
-        return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT_SECONDS))
+        # connect() has no socket to cut yet, so it alone must end by the deadline on its own.
+        connect = min(seconds, CONNECT_TIMEOUT_SECONDS, max(0.05, ends - time.monotonic()))
+        return httpx.Timeout(seconds, connect=connect)
 
-    def _attempt(self, request: _Request, state: _StreamState) -> ModelReply:
-        client = shared_client()
+    def _attempt(self, call: _Call, state: _StreamState) -> ModelReply:
+        client, request = shared_client(), call.request
+        sockets: _Sockets = _local.sockets  # created with the thread's client
+        # Before the headers, which pooled connection carries the request is not
+        # known: an abort cuts all of this thread's (the others are idle ones).
+        unbind = call.abort.bind(sockets.cut)
         try:
             with client.stream(
-                "POST", request.url, json=request.body, headers=request.headers, timeout=self._timeout()
+                "POST",
+                request.url,
+                json=request.body,
+                headers=request.headers,
+                timeout=self._timeout(call.ends),
+                extensions={"trace": sockets.trace},
             ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _http_error(response)
-                return self._consume(response, request, state)
+                unbind()
+                unbind = call.abort.bind(_response_cut(response, sockets))
+                try:
+                    return self._respond(response, request, state)
+                finally:
+                    unbind()  # before the response closes (and frees) its socket
         except httpx.TimeoutException as err:
             raise _Transient(f"timed out before the response began ({type(err).__name__})") from err
         except httpx.TransportError as err:
             raise _Transient(f"connection failed ({type(err).__name__}: {err})") from err
+        finally:
+            unbind()
+
+    def _respond(self, response: httpx.Response, request: _Request, state: _StreamState) -> ModelReply:
+        if response.status_code >= 400:
+            response.read()
+            raise _http_error(response, request.secrets)
+        return self._consume(response, request, state)
 
     def _consume(self, response: httpx.Response, request: _Request, state: _StreamState) -> ModelReply:
         try:
@@ -403,19 +600,21 @@ class OpenAIAdapter:
                     reply = state.reply(request.known)
                     _drain(lines)
                     return reply
-                self._feed_event(data, state)
+                self._feed_event(data, request, state)
         except httpx.TimeoutException as err:
             raise _Transient(f"stream torn: no data within the read timeout ({type(err).__name__})") from err
         except httpx.TransportError as err:
             raise _Transient(f"stream torn: {type(err).__name__}: {err}") from err
         raise _Transient("stream torn: the connection closed before [DONE]")
 
-    def _feed_event(self, data: str, state: _StreamState) -> None:
+    def _feed_event(self, data: str, request: _Request, state: _StreamState) -> None:
         try:
             chunk = json.loads(data)
         except ValueError as err:
-            raise _Transient(f"stream torn: unparseable chunk {data[:80]!r}") from err
-        failure = _chunk_error(chunk)
+            raise _Transient(f"stream torn: unparseable chunk {redact(data, request.secrets)[:80]!r}") from err
+        if not isinstance(chunk, dict):
+            raise _Transient(f"stream torn: a chunk that is not an object {redact(data, request.secrets)[:80]!r}")
+        failure = _chunk_error(chunk, request.secrets)
         if failure is not None:
             raise failure
         state.feed(chunk)
@@ -439,5 +638,5 @@ def _drain(lines: Iterator[str]) -> None:
     try:
         for _ in lines:
             pass
-    except httpx.HTTPError:
-        pass  # the reply is complete; a connection that cannot be reused is just closed
+    except (httpx.HTTPError, OSError, ValueError):
+        pass  # the reply is complete; a connection that cannot be reused (or was cut) is just closed

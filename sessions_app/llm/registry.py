@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessions_app.llm.abort import Abort
 from sessions_app.llm.demo import DemoAdapter
 from sessions_app.llm.openai import OpenAIAdapter
 from sessions_app.llm.types import Adapter, ModelNotConfigured, ModelReply
@@ -22,6 +23,7 @@ def get_adapter(spec: str) -> Adapter:
     return _OPENAI
 
 
-def complete_utility(spec: str, messages: list[dict[str, Any]]) -> ModelReply:
-    """A one-shot request for a utility role (titler, compactor): no tools, no deltas."""
-    return get_adapter(spec).complete(spec, messages, [], None)
+def complete_utility(spec: str, messages: list[dict[str, Any]], abort: Abort | None = None) -> ModelReply:
+    """A one-shot request for a utility role (titler, compactor): no tools, no
+    deltas. `abort` stops it as it stops a turn's model call."""
+    return get_adapter(spec).complete(spec, messages, [], None, abort=abort)

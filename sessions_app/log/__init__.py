@@ -19,6 +19,9 @@ one, and on PostgreSQL a trigger refuses UPDATE and DELETE from any client):
   locked and `tx.append(kind, data)` appends under it. Nothing external
   (model calls, group sends, task dispatch) belongs inside.
 
+`refusal(kind, data)` says why a write would be refused (None: it would
+not be), writing nothing: for code that must keep what it can of a batch.
+
 Every write validates each payload against its kind's schema (`catalogue`)
 before anything is written (`UnknownEventKind`, `InvalidPayload`), takes
 the session's row lock, assigns the next seqs, inserts the events, updates
@@ -41,7 +44,7 @@ from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, Unkn
 from sessions_app.log.fanout import on_event
 from sessions_app.log.records import AppendedEvent, Fence, LoggedEvent, Workload
 from sessions_app.log.runs import GUARDS, Guard
-from sessions_app.log.writer import Appended, SessionTx, append, append_many, locked
+from sessions_app.log.writer import Appended, SessionTx, append, append_many, locked, refusal
 
 __all__ = [
     "GUARDS",
@@ -60,4 +63,5 @@ __all__ = [
     "append_many",
     "locked",
     "on_event",
+    "refusal",
 ]

@@ -303,7 +303,9 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "agent/disposed",
-            _obj({"agent_id": _NONEMPTY, "reason": {"enum": ["idle", "evicted", "operator"]}, "by": _STR}, ["agent_id"]),
+            _obj(
+                {"agent_id": _NONEMPTY, "reason": {"enum": ["idle", "evicted", "operator"]}, "by": _STR}, ["agent_id"]
+            ),
             False,
             "The live agent was disposed: idle past TERRET_AGENT_IDLE_SECONDS, evicted to make room for "
             "another session's agent, or by an operator. The next stimulus respawns it.",

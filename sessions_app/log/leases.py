@@ -6,6 +6,15 @@ is one conditional UPDATE (autocommitted): its row lock makes the test and
 the generation bump atomic, so two claimers cannot both win, and it returns
 what the new owner starts from. On PostgreSQL the live agent's profile and
 the open turn's view ride along in the same statement.
+
+On PostgreSQL a lease is also free when the process holding it is gone.
+Every worker process holds a session-level advisory lock (LIVENESS_NS, its
+key) on a connection of its own (runtime/liveness.py), and a claim records
+the claimer's key in `lease_process`. PostgreSQL frees that lock the moment
+the process dies (its socket closes), so a lease whose key is no longer
+locked in this database may be taken over at once, long before it expires.
+The expiry stays the fallback: for a host that vanished without closing its
+sockets, for a process whose liveness connection is down, and on SQLite.
 """
 
 from __future__ import annotations
@@ -47,6 +56,42 @@ _VIEW = (
 )
 
 
+# The first half of every liveness lock (pg_try_advisory_lock(int4, int4)); the
+# two-key form shows in pg_locks as classid = the first, objid = the second,
+# objsubid = 2, apart from the one-key (bigint) locks used elsewhere.
+LIVENESS_NS = 0x7E57_A11E
+# The liveness keys locked in this database right now.
+HELD_KEYS = (
+    "SELECT l.objid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+    f"AND l.classid = {LIVENESS_NS} "
+    "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())"
+)
+
+
+def key_unlocked(column: str) -> str:
+    """SQL: the liveness key in `column` (not NULL) is not locked, so its
+    process is gone. Uncorrelated, so PostgreSQL reads pg_locks once per
+    statement (a hashed subplan) however many rows it tests, and only once a
+    row reaches the test."""
+    return f"CAST({column} AS oid) NOT IN ({HELD_KEYS})"
+
+
+def process_gone(column: str) -> str:
+    """SQL: `column` holds the liveness key of a process that is gone (PostgreSQL only)."""
+    return f"({column} IS NOT NULL AND {key_unlocked(column)})"
+
+
+def _claimable(now: datetime) -> Sql:
+    """The claim's test of the lease: free, expired, or (PostgreSQL) held by a
+    process that is gone. The CASE decides in order, so the hot path (a free
+    lease) never reads pg_locks: only a claim that would otherwise fail does."""
+    free = "lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s"
+    if connection.vendor != "postgresql":
+        return Sql(f"({free})", now)
+    column = f"{SESSION_TABLE}.lease_process"
+    return Sql(f"CASE WHEN {free} THEN true WHEN {column} IS NULL THEN false ELSE {key_unlocked(column)} END", now)
+
+
 @dataclass(frozen=True)
 class Claimed:
     """What a won claim returns: the new generation, the workload, the
@@ -60,17 +105,21 @@ class Claimed:
     view: list[ViewRow] | None
 
 
-def claim(session_id: uuid.UUID, owner: str, now: datetime, expires: datetime) -> Claimed | None:
-    """Take the lease if it is free or expired; None if someone holds it."""
+def claim(
+    session_id: uuid.UUID, owner: str, now: datetime, expires: datetime, process: int | None = None
+) -> Claimed | None:
+    """Take the lease if it is free, expired or its holder's process is gone;
+    None if someone holds it. `process` is the claimer's liveness key (None:
+    none, only the expiry frees this lease)."""
     backend = backends.current()
     update = Sql(
-        f"UPDATE {SESSION_TABLE} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s ",
+        f"UPDATE {SESSION_TABLE} SET lease_gen = lease_gen + 1, lease_owner = %s, lease_expires_at = %s, "
+        "lease_process = %s ",
         owner,
         expires,
+        process,
     )
-    update.add(
-        "WHERE id = %s AND (lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= %s) ", session_id, now
-    )
+    update.add("WHERE id = %s AND ", session_id).extend(_claimable(now)).add(" ")
     update.add(f"RETURNING id, lease_gen, last_seq, {', '.join(WORKLOAD_COLUMNS)}, {', '.join(DRIVING_COLUMNS)}")
     view: list[ViewRow] | None = None
     if backend.claim_extras:

@@ -31,6 +31,27 @@ def agent_for_session(session_id: uuid.UUID | str) -> Agent | None:
     return Agent.objects.select_related("profile").filter(session_id=session_id).first()
 
 
+def blocked_info(session: Session) -> dict[str, Any] | None:
+    """{reason, attempts, since} of a blocked session's turn/blocked; None when not blocked."""
+    if session.blocked_seq is None or session.open_turn_seq is None:
+        return None
+    row = Event.objects.filter(session_id=session.id, seq=session.blocked_seq).values("data", "created_at").first()
+    if row is None:
+        return None
+    data = row["data"]
+    return {"reason": data.get("reason", ""), "attempts": data.get("attempts", 0), "since": row["created_at"]}
+
+
+def waiting_info(session: Session) -> dict[str, Any] | None:
+    """{reason, since} of a session whose work waits for an agent slot (agent/waiting); None otherwise."""
+    if session.waiting_seq is None:
+        return None
+    row = Event.objects.filter(session_id=session.id, seq=session.waiting_seq).values("data", "created_at").first()
+    if row is None:
+        return None
+    return {"reason": row["data"].get("reason", ""), "since": row["created_at"]}
+
+
 def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
     """The open turn: its turn/start and everything after it."""
     rows = (

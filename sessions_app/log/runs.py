@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
+
 from sessions_app.errors import InvalidPayload
 from sessions_app.log import catalogue
 from sessions_app.log.records import Fence
@@ -26,7 +28,8 @@ EVENT_TABLE = "sessions_app_event"
 
 # Giving a lease up: the one place this assignment is written. Its parameter
 # is the expiry left behind (None, or a retry-after that keeps the sweep away).
-RELEASE_SET = "lease_owner = '', lease_expires_at = %s"
+# The holder's liveness key goes with the lease (log/leases.py).
+RELEASE_SET = "lease_owner = '', lease_expires_at = %s, lease_process = NULL"
 
 # Conditions on the session row that a guarded append may demand, decided
 # by the append's own row lock. A guard is a key, or (key, value).
@@ -65,6 +68,11 @@ def prepare(kind: str, data: dict[str, Any]) -> Item:
     """Validate (UnknownEventKind, InvalidPayload) and serialize; nothing is written yet."""
     spec = catalogue.validate(kind, data)
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    # Every event must fit one socket frame (the runtime cuts model output and
+    # tool results to fit first: runtime/storable.py). A char is at most 4 bytes.
+    limit = settings.TERRET_MAX_EVENT_BYTES
+    if len(payload) * 4 > limit and len(payload.encode()) > limit:
+        raise InvalidPayload(f"{kind}: the event is larger than {limit} bytes")
     if "\\u0000" in payload and catalogue.has_nul(data):
         # jsonb (and so the log on Postgres) cannot hold NUL; refuse on every
         # backend so both behave the same.

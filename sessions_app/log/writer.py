@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from sessions_app.errors import LeaseLost, SessionNotFound
+from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, UnknownEventKind
 from sessions_app.log import backends, fanout, hints, runs
 from sessions_app.log.records import WORKLOAD_COLUMNS, AppendedEvent, Fence, Workload
 from sessions_app.log.runs import Guard, Run
@@ -58,6 +58,15 @@ def append_many(
     if not items:
         return Appended()
     return _write(_sid(session_id), items, fence=fence, guard=guard, release=release)
+
+
+def refusal(kind: str, data: dict[str, Any]) -> str | None:
+    """Why the log would refuse this event (its validation, nothing written); None if it would take it."""
+    try:
+        runs.prepare(kind, data)
+    except (UnknownEventKind, InvalidPayload) as exc:
+        return str(exc)
+    return None
 
 
 def _sid(session_id: uuid.UUID | str) -> uuid.UUID:

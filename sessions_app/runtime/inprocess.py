@@ -3,7 +3,9 @@
 Used when there is no Redis (the default for `make run`). It runs exactly the
 code a Celery worker runs (drive.drive) and the same periodic sweep, so the
 durability story is the same: the database is the truth and a crash of the
-process is recovered by the sweep when it starts again.
+process is recovered by the sweep when it starts again. On PostgreSQL the
+process also holds its liveness lock (liveness.py), so another process's
+sweep or poller takes its turns over as soon as it dies.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import connection
 
+from sessions_app.runtime import lifecycle, liveness, registry
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.sweep import sweep
 
@@ -55,8 +58,13 @@ def _run(session_id: str) -> None:
 
 
 def start_sweeper() -> None:
-    """Sweep once now and then every TERRET_SWEEP_SECONDS (idempotent)."""
+    """Take the liveness lock (PostgreSQL), then sweep once now and every
+    TERRET_SWEEP_SECONDS (idempotent)."""
     global _sweeper
+    try:
+        liveness.start(_wake)
+    except Exception:
+        log.exception("liveness did not start; this process's leases are freed by their expiry only")
     with _lock:
         if _sweeper is not None and _sweeper.is_alive():
             return
@@ -64,20 +72,45 @@ def start_sweeper() -> None:
         _sweeper.start()
 
 
+def _wake(session_id: str) -> None:
+    # Re-read each time: tests switch the worker mode at run time.
+    if settings.TERRET_WORKER == "inprocess":
+        submit(session_id)
+
+
 def _sweep_forever() -> None:
     stop = threading.Event()
     first = True
     while not stop.is_set():
-        try:
-            # Re-read each round: tests switch the worker mode at run time.
-            if settings.TERRET_WORKER == "inprocess":
-                # The first sweep also takes turns admitted but never
-                # claimed: their wake-ups were queued in a process now gone.
-                for sid in sweep(at_start=first):
-                    submit(sid)
-                first = False
-        except Exception:
-            log.exception("sweep failed")
-        finally:
-            connection.close()
+        # Re-read each round: tests switch the worker mode at run time.
+        if settings.TERRET_WORKER == "inprocess" and not lifecycle.draining.is_set():
+            _sweep_round(first)
+            first = False
         stop.wait(settings.TERRET_SWEEP_SECONDS)
+
+
+def _sweep_round(first: bool) -> None:
+    """Turns nobody drives, idle agents, free slots: each part on its own, so
+    one failing does not stop the others."""
+    try:
+        # The first sweep also takes turns admitted but never claimed:
+        # their wake-ups were queued in a process now gone.
+        for sid in sweep(at_start=first):
+            submit(sid)
+    except Exception:
+        log.exception("sweep failed")
+    finally:
+        connection.close()
+    try:
+        registry.reap_idle()
+    except Exception:
+        log.exception("reaping idle agents failed")
+    finally:
+        connection.close()
+    try:
+        for sid in registry.offer_slots():
+            submit(sid)
+    except Exception:
+        log.exception("offering agent slots failed")
+    finally:
+        connection.close()

@@ -7,6 +7,10 @@ worker whose lease was taken over can append nothing more.
 
 A process-wide keeper thread renews held leases while a turn waits on a model
 or a tool, when no append would renew them.
+
+A claim also records the claiming process's liveness key (runtime/liveness.py
+registers where it comes from): on PostgreSQL a lease whose process is gone
+may be claimed at once, without waiting for it to expire.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -32,6 +37,23 @@ from sessions_app.log.records import Fence, Workload
 from sessions_app.models import AgentProfile
 
 log = logging.getLogger(__name__)
+
+# The liveness SQL, for the runtime's other readers of leases (sweep, liveness).
+LIVENESS_NS = statements.LIVENESS_NS
+process_gone = statements.process_gone
+
+
+def _no_process_key() -> int | None:
+    return None
+
+
+_process_key: Callable[[], int | None] = _no_process_key
+
+
+def use_process_key(source: Callable[[], int | None]) -> None:
+    """Where claims read this process's liveness key from (liveness.current_key)."""
+    global _process_key
+    _process_key = source
 
 
 def owner_id() -> str:
@@ -89,7 +111,7 @@ def claim(session_id: uuid.UUID, *, ttl: float | None = None) -> Lease | None:
     ttl = settings.TERRET_LEASE_SECONDS if ttl is None else ttl
     me = owner_id()
     now = timezone.now()
-    won = statements.claim(session_id, me, now, now + timedelta(seconds=ttl))
+    won = statements.claim(session_id, me, now, now + timedelta(seconds=ttl), _process_key())
     if won is None:
         return None
     lease = Lease(session_id, me, won.gen, ttl, won.workload, driving_from_row(won.profile, won.driving), view=won.view)

@@ -67,6 +67,12 @@ class Outbox:
         self.inline.append(InlineCall(len(self.buffer), call, definition, args))
         self.buffer.append(result)
 
+    def keep_storable(self) -> None:
+        """Drop what the log would refuse from the buffer (a failing turn keeps
+        the rest, and closes the turn after it)."""
+        self.buffer = [(kind, data) for kind, data in self.buffer if log.refusal(kind, data) is None]
+        self.inline = []
+
     def state(self) -> TurnState:
         """The turn as the runner knows it, buffered appends included."""
         return self.view.state(self.buffer)

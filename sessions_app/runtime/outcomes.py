@@ -11,5 +11,7 @@ class Outcome(StrEnum):
     ENDED = "ended"  # the turn closed (turn/end committed)
     PARKED = "parked"  # the turn waits for a verdict; no worker holds it
     LOST = "lost"  # the lease was taken over; nothing more was written
-    RESUME_FAILED = "resume_failed"  # a resume's model call failed; the turn stays open, retried later
-    NO_AGENT = "no_agent"  # the session has no live agent to drive it
+    RESUME_FAILED = "resume_failed"  # a resumed turn failed transiently; retried after a backoff
+    BLOCKED = "blocked"  # the turn stopped retrying; a stimulus or an operator picks it up
+    HANDED_OFF = "handed_off"  # the process is draining; another worker was woken for the session
+    WAITING = "waiting"  # no agent slot is free; the session waits for one (agent/waiting)

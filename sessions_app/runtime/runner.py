@@ -11,7 +11,17 @@ Rules kept here:
 - A turn holds no worker while parked: the runner returns, and the commit of
   approval/resolved wakes a worker again.
 - The projection never carries a tool call without its result: a cancelled
-  turn gives every owed call an error result before it ends.
+  or failed turn gives every owed call an error result before it ends
+  (closing.py).
+- Every turn ends, or is visibly blocked: whatever a step raises closes the
+  turn `failed` with the error, except a transient failure of a turn
+  re-entered after a crash, which is retried with backoff a bounded number
+  of times and then blocked (failures.py decides which is which). Database
+  outages and a lost lease are the drive's business, not the turn's.
+- A cancel stops a streaming model call within about a second (stop.py);
+  the text streamed so far is kept as a partial assistant message.
+- While the process drains (a deploy's SIGTERM), the turn hands its session
+  over at its next step boundary (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -24,19 +34,23 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from sessions_app.errors import LeaseLost
+from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
-from sessions_app.llm.types import ModelError, ModelReply, ToolCall
+from sessions_app.llm.types import ModelCancelled, ModelError, ModelReply, ToolCall
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, hooks
+from sessions_app.runtime import admission, failures, hooks, lifecycle, storable
 from sessions_app.runtime import lease as leases
+from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
 from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.stop import stop_watch
 from sessions_app.runtime.view import TurnState, TurnView
 from sessions_app.tools.base import Definition, ToolContext
 from sessions_app.tools.executor import execute
-from sessions_app.tools.registry import registry_for_profile
+from sessions_app.tools.registry import Registry, registry_for_profile
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +65,19 @@ class TurnRunner:
         self.sid = session_id
         self.profile = profile
         self.lease = lease
-        self.registry = registry_for_profile(profile)
+        self._registry: Registry | None = None
         self.view = TurnView(session_id, profile, lease)
         self.outbox = Outbox(session_id, lease, self.view)
+        self.resuming = False
+        # A stalled resume's wait before the sweep may drive it again (seconds).
+        self.retry_after: float | None = None
+
+    @property
+    def registry(self) -> Registry:
+        # Built inside run(), so a profile that breaks the build fails its turn.
+        if self._registry is None:
+            self._registry = registry_for_profile(self.profile)
+        return self._registry
 
     # -- plumbing
 
@@ -78,8 +102,19 @@ class TurnRunner:
 
     def run(self, turn_seq: int) -> Outcome:
         self.view.load(turn_seq)
+        try:
+            return self._run()
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            if failures.is_database_outage(exc):
+                raise  # the drive retries the drive; the turn did not fail
+            logger.warning("turn of %s failed: %s", self.sid, exc, exc_info=not isinstance(exc, ModelError))
+            return self.fail(failures.classify(exc))
+
+    def _run(self) -> Outcome:
         st = self.outbox.state()
-        resuming = st.max_step > 0
+        self.resuming = resuming = st.reentry
         if st.cancel_requested:
             return self.close_cancelled(st)
         if not resuming:
@@ -96,6 +131,8 @@ class TurnRunner:
                 return self.close_cancelled(st)
             if self.lease.lost.is_set():
                 return Outcome.LOST
+            if lifecycle.draining.is_set():
+                return self.hand_off()
             step = st.max_step + 1
             if step > MAX_STEPS:
                 return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
@@ -142,13 +179,11 @@ class TurnRunner:
         system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
         try:
             reply = self.call_model(spec, [system, *self.view.messages], step)
-        except ModelError as exc:
-            if resuming:
-                # A failed resume leaves the turn open: it still owes its
-                # caller, and the outage is usually transient.
-                logger.warning("resume of %s failed: %s", self.sid, exc)
-                return Outcome.RESUME_FAILED
-            return self.end("failed", f"model call failed: {exc}")
+        except ModelCancelled as stopped:
+            # Keep what streamed before the Stop, marked partial; no tool call.
+            partial = _assistant_payload(ModelReply(stopped.partial.content, [], stopped.partial.usage))
+            self.outbox.emit("assistant/message", {**partial, "partial": True})
+            return self.close_cancelled(self.outbox.state())
         self.outbox.emit("assistant/message", _assistant_payload(reply))
         end: dict[str, Any] = {"step": step}
         if reply.usage is not None:
@@ -171,13 +206,49 @@ class TurnRunner:
         return None
 
     def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
+        tools = self.registry.specs()
         connection.close()  # no pooled connection is held across the model call
-        return get_adapter(spec).complete(
-            spec,
-            messages,
-            self.registry.specs(),
-            on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
-        )
+        with stop_watch.watching(self.sid, Abort()) as abort:
+            return get_adapter(spec).complete(
+                spec,
+                messages,
+                tools,
+                on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
+                abort=abort,
+            )
+
+    # -- failure, hand-over
+
+    def fail(self, failure: failures.Failure) -> Outcome:
+        """Close the turn failed, or (a transient failure of a re-entered
+        turn) record a stalled attempt and leave the turn for a retry, or
+        block it after TERRET_RESUME_ATTEMPTS attempts."""
+        self.outbox.keep_storable()  # what failed may be in the buffer; keep the rest
+        self.view.refresh()
+        st = self.outbox.state()
+        if not (failure.transient and self.resuming):
+            owed = f"failed: {failure.message[:200]}"
+            for kind, data in closing_entries(st.events, "failed", error=failure.message, owed=owed):
+                self.outbox.emit(kind, data)
+            self.flush(release=True)
+            return Outcome.ENDED
+        attempt = st.attempts + 1
+        if attempt >= settings.TERRET_RESUME_ATTEMPTS:
+            self.outbox.emit("turn/blocked", {"reason": failure.message, "attempts": attempt})
+            self.flush(release=True)
+            return Outcome.BLOCKED
+        self.retry_after = settings.TERRET_RESUME_BACKOFF_SECONDS * 2 ** (attempt - 1)
+        self.outbox.emit("turn/stalled", {"attempt": attempt, "error": failure.message, "retry_in": self.retry_after})
+        self.flush()
+        return Outcome.RESUME_FAILED
+
+    def hand_off(self) -> Outcome:
+        """Commit what is buffered and give the lease up in the same statement
+        (the process is draining); the drive wakes another worker."""
+        self.flush(release=True)
+        if self.outbox.released is None:
+            leases.release(self.lease)
+        return Outcome.HANDED_OFF
 
     # -- tools
 
@@ -205,6 +276,9 @@ class TurnRunner:
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
+        if storable.was_cut(call.arguments):
+            limit = settings.TERRET_MAX_TOOL_ARGS_CHARS
+            return self.result(call, f"not run: the arguments were longer than {limit} characters and were cut", True)
         try:
             args = json.loads(call.arguments or "{}")
         except json.JSONDecodeError:
@@ -269,19 +343,15 @@ class TurnRunner:
 
     def close_cancelled(self, st: TurnState) -> Outcome:
         """End cancelled. Calls still owed get an error result first."""
-        for e in st.events:
-            if e.kind == "assistant/message":
-                for call in st.owed_calls(e):
-                    self.result(call, "cancelled: the turn was cancelled", True)
-        if st.open_step is not None:
-            message = st.assistant_in_open_step()
-            usage = message.data.get("usage") if message else None
-            self.outbox.emit("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step})
-        return self.end("cancelled")
+        for kind, data in closing_entries(st.events, "cancelled"):
+            self.outbox.emit(kind, data)
+        self.flush(release=True)
+        return Outcome.ENDED
 
 
 def _result(call: ToolCall, content: str, is_error: bool) -> Entry:
-    return "tool/result", {"call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
+    data = {"call_id": call.id, "name": call.name, "content": storable.fit_result(content), "is_error": is_error}
+    return "tool/result", data
 
 
 def _assistant_payload(reply: ModelReply) -> dict[str, Any]:
@@ -291,4 +361,4 @@ def _assistant_payload(reply: ModelReply) -> dict[str, Any]:
     }
     if reply.usage is not None:
         data["usage"] = reply.usage.as_json()
-    return data
+    return storable.fit_assistant(data)

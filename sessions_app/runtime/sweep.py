@@ -1,8 +1,16 @@
 """Find turns that nobody is driving.
 
 An open turn that is not parked on an approval and whose lease has expired
-(its worker died, or its broker message was lost) needs a driver. The sweep
-runs when a worker starts and periodically after that.
+(its worker died, or its broker message was lost) needs a driver. On
+PostgreSQL so does one whose lease is held by a process that is gone (its
+liveness lock is free: runtime/liveness.py), whatever the expiry says; the
+liveness poller normally wakes those within a poll, and the sweep is what
+catches a wake-up that got lost. The sweep runs when a worker starts and
+periodically after that.
+
+A blocked turn (turn/blocked) waits for a stimulus or an operator, and a
+session waiting for an agent slot (agent/waiting) for a slot; neither needs
+a worker, so the sweep leaves both alone.
 
 A turn that was admitted but never claimed has no lease at all. Its wake-up
 is normally still on its way through the broker, so the periodic sweep
@@ -19,24 +27,32 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db import connection
+from django.db.models import BooleanField, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
+from sessions_app.runtime.lease import process_gone
 
 SWEEP_BATCH = 500
+_GONE = process_gone(f"{Session._meta.db_table}.lease_process")
 
 
 def sweep(*, at_start: bool = False) -> list[str]:
     now = timezone.now()
     unclaimed_since = now if at_start else now - timedelta(seconds=settings.TERRET_LEASE_SECONDS)
-    ids = (
-        Session.objects.filter(open_turn_seq__isnull=False, pending_approvals=0)
-        .filter(
-            Q(lease_expires_at__lt=now)
-            | Q(lease_expires_at__isnull=True, last_event_at__lte=unclaimed_since)
-            | Q(lease_expires_at__isnull=True, last_event_at__isnull=True)
-        )
-        .values_list("id", flat=True)[:SWEEP_BATCH]
+    unowned = (
+        Q(lease_expires_at__lt=now)
+        | Q(lease_expires_at__isnull=True, last_event_at__lte=unclaimed_since)
+        | Q(lease_expires_at__isnull=True, last_event_at__isnull=True)
     )
+    found = Session.objects.filter(
+        open_turn_seq__isnull=False, pending_approvals=0, blocked_seq__isnull=True, waiting_seq__isnull=True
+    )
+    if connection.vendor == "postgresql":
+        # Last in the OR, so only a row whose lease is otherwise live reads
+        # pg_locks (once per statement: the test is a hashed subplan).
+        unowned |= Q(RawSQL(_GONE, [], output_field=BooleanField()))  # noqa: S611 - constant SQL
+    ids = found.filter(unowned).values_list("id", flat=True)[:SWEEP_BATCH]
     return [str(i) for i in ids]

@@ -38,6 +38,9 @@ class TurnState:
     results: dict[str, int] = field(default_factory=dict)
     consumed: set[int] = field(default_factory=set)
     queued: list[int] = field(default_factory=list)
+    asked: set[str] = field(default_factory=set)
+    # Failed attempts (turn/stalled, turn/blocked) since the turn last made progress.
+    attempts: int = 0
 
     @classmethod
     def parse(cls, events: list[LoggedEvent]) -> TurnState:
@@ -46,8 +49,14 @@ class TurnState:
             if e.kind == "step/start":
                 st.max_step = max(st.max_step, e.data["step"])
                 st.open_step, st.open_step_seq = e.data["step"], e.seq
-            elif e.kind == "step/end" and e.data["step"] == st.open_step:
-                st.open_step = None
+            elif e.kind == "step/end":
+                st.attempts = 0
+                if e.data["step"] == st.open_step:
+                    st.open_step = None
+            elif e.kind in ("turn/stalled", "turn/blocked"):
+                st.attempts += 1
+            elif e.kind == "approval/requested":
+                st.asked.add(e.data["call_id"])
             elif e.kind == "turn/cancel_requested":
                 st.cancel_requested = True
             elif e.kind in ("user/message", "context/injected"):
@@ -61,6 +70,20 @@ class TurnState:
             elif e.kind == "turn/end":
                 st.ended = True
         return st
+
+    @property
+    def reentry(self) -> bool:
+        """Whether the turn is re-entered after a drive that did not finish
+        its step (a crash, a lost lease, a database outage): a step is open
+        and either its model call or one of its tool calls was in flight. A
+        step whose owed calls all wait on (or got) a verdict was parked, not
+        interrupted: driving it again is no resume."""
+        if self.open_step is None:
+            return False
+        message = self.assistant_in_open_step()
+        if message is None:
+            return True
+        return any(call.id not in self.asked for call in self.owed_calls(message))
 
     @property
     def inbox_pending(self) -> bool:

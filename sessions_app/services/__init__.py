@@ -9,7 +9,7 @@ other by module, never through this file.
 
 from __future__ import annotations
 
-from sessions_app.services.inputs import MAX_INPUT_CHARS, Receipt, cancel, inject, resumable, run_turn
+from sessions_app.services.inputs import MAX_INPUT_CHARS, Receipt, cancel, inject, resumable, retry, run_turn
 from sessions_app.services.sessions import create_session, dispose_agent, set_model, spawn_agent
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "dispose_agent",
     "inject",
     "resumable",
+    "retry",
     "run_turn",
     "set_model",
     "spawn_agent",

@@ -14,10 +14,12 @@ from typing import Any, Literal
 
 from approvals_app.selectors import pending_from_events
 from sessions_app import log
-from sessions_app.errors import IdempotencyConflict, InvalidInput, TurnAlreadyRunning, TurnOpenInLog
+from sessions_app.errors import IdempotencyConflict, InvalidInput, NotBlocked, TurnAlreadyRunning, TurnOpenInLog
 from sessions_app.log.reads import turn_events
+from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
 from sessions_app.runtime import admission, dispatch
+from sessions_app.runtime.closing import closing_entries
 from sessions_app.services.sessions import lease_live
 
 MAX_INPUT_CHARS = 100_000
@@ -147,8 +149,11 @@ def _start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> Receipt |
 def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
     """Cancel the open turn: mark it cancelled first, then deny every standing
     approval request, in that order, so a parked call unparks into a turn that
-    already knows it is stopping. The turn ends cancelled at a step boundary.
-    Returns False when there is no open turn."""
+    already knows it is stopping. A worker driving the turn notices within
+    about a second (runtime/stop.py) and stops its model stream. A turn no
+    worker holds (parked, blocked, or admitted and not yet claimed) is closed
+    here and now, under the row lock: waiting for a worker would make Stop
+    depend on one. Returns False when there is no open turn."""
     with log.locked(session_id) as tx:
         turn_seq = tx.row["open_turn_seq"]
         if turn_seq is None:
@@ -161,5 +166,20 @@ def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
             if by:
                 data["by"] = by
             tx.append("approval/resolved", data)
-        dispatch.wake(tx.session_id)
+        if lease_live(tx.row):
+            dispatch.wake(tx.session_id)
+            return True
+        seen = events + [LoggedEvent(e.seq, e.kind, e.data) for e in tx.appended]
+        for kind, data in closing_entries(seen, "cancelled", by=by):
+            tx.append(kind, data)
     return True
+
+
+def retry(session_id: uuid.UUID | str, *, by: str = "") -> None:
+    """Drive a blocked turn again now (NotBlocked if it is not blocked). The
+    turn gets one more attempt; if that fails too it is blocked again."""
+    with log.locked(session_id) as tx:
+        if tx.row["open_turn_seq"] is None or tx.row["blocked_seq"] is None:
+            raise NotBlocked(f"session {tx.session_id} has no blocked turn")
+        tx.append("turn/retry_requested", {"by": by} if by else {})
+        dispatch.wake(tx.session_id)

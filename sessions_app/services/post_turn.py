@@ -1,4 +1,5 @@
-"""Post-turn work: titling and the compaction trigger.
+"""Post-turn work: titling, the compaction trigger, and handing the freed
+agent slot to a session waiting for one (runtime/registry.py).
 
 Only the turn runner appends turn/end, so the worker that drove a turn runs
 this itself, as an after-turn hook (runtime.hooks, registered in
@@ -19,6 +20,7 @@ import logging
 import uuid
 
 from sessions_app.models import Session
+from sessions_app.runtime import dispatch, registry
 from sessions_app.runtime.hooks import TurnFacts
 from sessions_app.services import compaction, titling
 
@@ -26,8 +28,13 @@ logger = logging.getLogger(__name__)
 
 
 def post_turn(session_id: uuid.UUID | str, facts: TurnFacts | None = None) -> None:
-    """Title the session if it has none; compact it if the last step was over
-    budget. Each part's failure is isolated from the other."""
+    """Hand the slot on, title the session if it has none, compact it if the
+    last step was over budget. Each part's failure is isolated from the others."""
+    try:
+        for waiting in registry.offer_slots():
+            dispatch.wake(waiting)
+    except Exception:
+        logger.exception("handing agent slots on after %s failed", session_id)
     if facts is None and not Session.objects.filter(id=session_id).exists():
         return  # gone (a stale task from a flushed test database, say)
     if facts is None or not facts.titled:

@@ -10,65 +10,39 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.conf import settings
-from django.db import connection, transaction
-from django.utils import timezone
+from django.db import transaction
 
 from sessions_app import log
-from sessions_app.errors import AgentBusy, AgentCapExceeded, AgentExists, InvalidInput
+from sessions_app.errors import InvalidInput
 from sessions_app.log.catalogue import MODEL_ROLES
 from sessions_app.models import Agent, AgentProfile, Session
+from sessions_app.runtime import dispatch, registry
 
 
 def create_session(owner: Any, profile: AgentProfile, *, agent_id: str | None = None) -> Session:
-    """A new session with its live agent spawned from `profile`."""
+    """A new session of `profile`. Its agent is spawned by the first drive
+    that finds work for it (runtime/registry.py); with `agent_id`, a named
+    agent is spawned now."""
     with transaction.atomic():
         session = Session.objects.create(owner=owner, profile=profile)
-        spawn_agent(session, profile, agent_id=agent_id)
+        if agent_id is not None:
+            registry.spawn(session, profile, agent_id=agent_id)
     return session
 
 
 def spawn_agent(session: Session, profile: AgentProfile, *, agent_id: str | None = None) -> Agent:
-    agent_id = agent_id or f"{profile.name}-{session.id.hex[:12]}"
-    with transaction.atomic():
-        _lock_registry()
-        if Agent.objects.filter(agent_id=agent_id).exists():
-            raise AgentExists(f"agent id {agent_id!r} is taken")
-        existing = Agent.objects.filter(session=session).first()
-        if existing is not None:
-            raise AgentExists(f"session {session.id} already has agent {existing.agent_id!r}")
-        if Agent.objects.count() >= settings.TERRET_MAX_AGENTS:
-            raise AgentCapExceeded(f"the registry is full ({settings.TERRET_MAX_AGENTS} live agents)")
-        agent = Agent.objects.create(agent_id=agent_id, session=session, profile=profile)
-        if session.profile_id != profile.pk:
-            Session.objects.filter(id=session.id).update(profile=profile)
-        log.append(session.id, "agent/spawned", {"agent_id": agent_id, "profile": profile.name})
-    return agent
+    return registry.spawn(session, profile, agent_id=agent_id)
 
 
-def _lock_registry() -> None:
-    # The cap is a check-then-act across rows: serialize spawns. SQLite's
-    # IMMEDIATE transactions already serialize every writer.
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [0x7E44E7])
+def dispose_agent(agent_id: str, *, reason: str = "operator", by: str = "") -> None:
+    """Dispose an idle agent (AgentBusy if it is not), then hand its slot to
+    a session waiting for one."""
+    registry.dispose(agent_id, reason=reason, by=by)
+    for sid in registry.offer_slots():
+        dispatch.wake(sid)
 
 
-def dispose_agent(agent_id: str) -> None:
-    """Dispose an idle agent and free its registry slot."""
-    agent = Agent.objects.filter(agent_id=agent_id).first()
-    if agent is None:
-        raise InvalidInput(f"no agent {agent_id!r}")
-    with log.locked(agent.session_id) as tx:
-        if tx.row["open_turn_seq"] is not None or lease_live(tx.row):
-            raise AgentBusy(f"agent {agent_id!r} is not idle")
-        Agent.objects.filter(pk=agent.pk).delete()
-        tx.append("agent/disposed", {"agent_id": agent_id})
-
-
-def lease_live(row: dict[str, Any]) -> bool:
-    expires = row["lease_expires_at"]
-    return bool(row["lease_owner"]) and expires is not None and expires > timezone.now()
+lease_live = registry.lease_live
 
 
 def set_model(session_id: uuid.UUID | str, role: str, spec: str, *, by: str = "") -> log.AppendedEvent:

@@ -7,6 +7,9 @@ for this user and page and sends it as an htmx out-of-band swap
 (web/dashboard.dashboard_fragment), and it does so every REFRESH_SECONDS
 too, since hints can be lost.
 
+A body larger than a socket frame may carry is never sent: a notice to
+reload goes instead (send_frame, sockets/frames.py).
+
 Permissions are checked on every frame either way: before each fragment goes
 out the user must still be active (and their login session or token still
 live); a client frame is refused (this socket takes no commands) after the
@@ -26,8 +29,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from sessions_app import permissions
 from sessions_app.log import hints
 from sessions_app.models import Session
+from sessions_app.sockets import frames
 from sessions_app.sockets.auth import live_user
-from sessions_app.web.dashboard import dashboard_fragment
+from sessions_app.web.dashboard import TOO_LARGE_NOTICE, dashboard_fragment
 
 COALESCE_SECONDS = 0.5
 REFRESH_SECONDS = 30.0
@@ -115,7 +119,13 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         if html is None:
             await self._refuse("you may no longer follow the dashboard", 4403)
         elif html:
-            await self.send(text_data=html)
+            await self.send_frame(html)
+
+    async def send_frame(self, text: str) -> None:
+        """Every fragment this socket sends: one larger than a socket frame may
+        carry (sockets/frames.py) is replaced by a notice to reload."""
+        notice = TOO_LARGE_NOTICE
+        await self.send(text_data=frames.fit(text, lambda _text, _n: notice, last_resort=notice))
 
     async def _refuse(self, text: str, code: int) -> None:
         if self.joined:

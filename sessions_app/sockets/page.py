@@ -6,37 +6,56 @@ it sends is HTML for htmx's ws extension: each committed event as the chat
 template's `event` partial, plus the header, the approvals and the streaming
 bubble brought up to date, all as out-of-band swaps (web/present.py renders
 them). It takes no frames: the page acts through its forms.
+
+A batch's fragments are fitted and packed into frames of at most
+TERRET_SOCKET_MAX_FRAME_BYTES (sockets/frames.py): a row too large for a
+frame goes out with its text cut and a "shown in part" note, and a long
+replay goes out as several frames, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
 from sessions_app.log import reads
-from sessions_app.sockets import hub
+from sessions_app.sockets import frames, hub
 from sessions_app.sockets.session import SessionConsumer, _in_thread
-from sessions_app.web.present import ChatFollower
+from sessions_app.web.present import TOO_LARGE_NOTICE, ChatFollower
 
 
 class ChatPageConsumer(SessionConsumer):
     follower: ChatFollower | None = None
 
-    def hello_frame(self, access: dict[str, Any], last_seq: int) -> str:
+    def hello_frame(self, access: dict[str, Any], state: dict[str, Any]) -> str:
         self.follower = ChatFollower(access["session"], self.scope["user"])
         return ""  # nothing to show: the page already shows everything up to ?after=
 
     def synced_frame(self) -> str:
         return ""
 
+    def stand_in(self, text: str, nbytes: int) -> str:
+        return TOO_LARGE_NOTICE  # frames are fitted before they are queued; this is the last resort
+
     async def _send_events(self, rows: list[reads.EventFrame]) -> None:
         new = [(seq, text) for seq, text in rows if seq > self.last_sent]
         if not new or self.follower is None:
             return
-        html = await _in_thread(self.follower.events, hub.READ_POOL)(new)
-        await self.outbox.put(html)  # waits while a slow client's outbox is full
+        for html in await _in_thread(self._frames, hub.READ_POOL)(new):
+            await self.outbox.put(html)  # waits while a slow client's outbox is full
         self.last_sent = new[-1][0]
+
+    def _frames(self, new: list[reads.EventFrame]) -> list[str]:
+        """The batch's fragments, each fitted into a frame, packed in order."""
+        assert self.follower is not None
+        cap = frames.limit()
+        fitted = [
+            frames.fit(f.html, functools.partial(f.stand_in, max_bytes=cap), cap, last_resort=TOO_LARGE_NOTICE)
+            for f in self.follower.events(new)
+        ]
+        return frames.pack(fitted, cap)
 
     def on_delta(self, frame: str) -> None:
         if not self.synced or self.follower is None:

@@ -13,7 +13,10 @@ Three tasks per socket, so nothing one of them waits on holds up the others:
   events from flowing).
 - the writer drains a bounded outbox to the client. When a slow client lets
   it fill, the pump just waits (it resumes from its last seq, the database
-  is its queue) and deltas are dropped; other sockets are unaffected.
+  is its queue) and deltas are dropped; other sockets are unaffected. Every
+  frame goes out through `send_frame`: one larger than a socket may carry
+  (an event over TERRET_SOCKET_MAX_FRAME_BYTES) is replaced by its stand-in
+  (sockets/frames.py), so the stream goes on past it.
 
 Hints and deltas arrive through hub.Hub (on_hint, on_delta), which only
 note the news and return.
@@ -50,7 +53,7 @@ from sessions_app.api.errors import (
 from sessions_app.api.schemas import FRAMES, ClientFrame
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.log import hints, reads
-from sessions_app.sockets import hub
+from sessions_app.sockets import frames, hub
 from sessions_app.sockets.auth import live_user
 
 logger = logging.getLogger(__name__)
@@ -177,22 +180,27 @@ class SessionConsumer(AsyncWebsocketConsumer):
             # Subscribe before reading the head: every event committed after
             # this line gets a hint, and everything before it is in the first read.
             await hub.process_hub().subscribe(self.sid, self)
-            last_seq = await _in_thread(ops.head, hub.READ_POOL)(self.sid)
+            state = await _in_thread(ops.live_state, hub.READ_POOL)(self.sid)
         except Exception:
             logger.exception("session socket for %s could not start", self.sid)
             await self.disconnect(1011)
             await self.close(code=1011)  # the client reconnects with ?after=
             return
-        await self.outbox.put(self.hello_frame(access, last_seq))
+        await self.outbox.put(self.hello_frame(access, state))
         for job in (self._writer(), self._pump(), self._actor()):
             self.tasks.append(asyncio.create_task(self._guard(job)))
 
-    def hello_frame(self, access: dict[str, Any], last_seq: int) -> str:
+    def hello_frame(self, access: dict[str, Any], state: dict[str, Any]) -> str:
+        """`state`: ops.live_state, read after subscribing (the head and the
+        status of one read of the session row)."""
         hello = {
             "type": "hello",
             "session": str(self.sid),
             "after": self.last_sent,
-            "last_seq": last_seq,
+            "last_seq": state["last_seq"],
+            "status": state["status"],
+            "blocked": state["blocked"],
+            "waiting": state["waiting"],
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,
@@ -251,7 +259,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self.close(code=item.code)
                 return
             if item:
-                await self.send(text_data=item)
+                await self.send_frame(item)
+
+    async def send_frame(self, text: str) -> None:
+        """Every frame this socket sends: measured, and replaced by its
+        stand-in when it is larger than a socket may carry."""
+        await self.send(text_data=frames.fit(text, self.stand_in))
+
+    def stand_in(self, text: str, nbytes: int) -> str:
+        """What is sent instead of a frame over the limit: for an event, its
+        seq, kind and time with "oversize": true and its size, no data."""
+        return frames.event_stand_in(text, nbytes)
 
     # ------------------------------------------------------------ pump
 
@@ -353,6 +371,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 return ops.decide(user, sid, frame.call_id, frame.type, frame.reason, frame.request_seq)
             case "cancel":
                 return ops.cancel(user, sid)
+            case "retry":
+                return ops.retry(user, sid)
             case "compact":
                 return ops.compact(user, sid)
             case "set_policy":

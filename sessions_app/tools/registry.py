@@ -171,3 +171,27 @@ def _cached(pk: Any, digest: str) -> Registry | None:
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
+
+
+# -- checking a configuration ------------------------------------------------
+
+
+def builtin_name_problems(names: Any) -> list[str]:
+    """What is wrong with a profile's built-in tool names (none: []): each name
+    must be a string this registry's built-ins know, named once."""
+    if not isinstance(names, list):
+        return ["must be a list of built-in tool names"]
+    problems = []
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or name not in BUILTINS:
+            problems.append(f"unknown built-in tool {name!r}; known built-ins: {', '.join(sorted(BUILTINS))}")
+        elif name in seen:
+            problems.append(f"{name!r} is listed twice")
+        else:
+            seen.add(name)
+    return problems
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTINS

@@ -106,6 +106,13 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# What the dashboard's socket sends instead of a body too large for a frame.
+TOO_LARGE_NOTICE = (
+    '<p id="dashboard-status" role="status" aria-live="polite" hx-swap-oob="true">'
+    "The dashboard is too large to update live: reload the page to see it.</p>"
+)
+
+
 def dashboard_fragment(user: Any, page_number: Any) -> str:
     """The body partial as the page's socket sends it (an out-of-band swap)."""
     context = {**dashboard_context(user, page_number), "oob": True}

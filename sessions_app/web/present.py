@@ -10,6 +10,7 @@ docs/web.md for why that is the one live mechanism of every page.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from django.urls import reverse
 from approvals_app.selectors import pending as pending_calls
 from approvals_app.selectors import queue_for
 from sessions_app import permissions
+from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.services.usage import format_cost
 
@@ -38,9 +40,16 @@ META_KINDS = frozenset(
         "model/updated",
         "agent/spawned",
         "agent/disposed",
+        # The header says the session waits for an agent slot while it does.
+        "agent/waiting",
     }
 )
-STATUS_LABELS = {"idle": "idle", "running": "running", "waiting_approval": "waiting for approval"}
+STATUS_LABELS = {
+    "idle": "idle",
+    "running": "running",
+    "waiting_approval": "waiting for approval",
+    "blocked": "blocked",
+}
 # What a batch of events must contain for the page's approvals to change.
 APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/start", "turn/end"})
 
@@ -69,6 +78,10 @@ class EventRow:
     data: dict[str, Any]
     at: Any
     queued: bool = False
+    # Set on a row shown in part (its text cut to fit a socket frame): the
+    # size of the whole row, and where to read the whole event.
+    cut_bytes: int = 0
+    full_url: str = ""
 
     @property
     def slug(self) -> str:
@@ -102,6 +115,66 @@ def render_event(row: EventRow, *, oob: str = "") -> str:
     return render_to_string("sessions/chat.html#event", {"ev": row, "oob": oob})
 
 
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _cut(value: Any, chars: int) -> Any:
+    """`value` with every string longer than `chars` cut (marked with an
+    ellipsis) and every list kept to its first `chars // 8` items."""
+    if isinstance(value, str):
+        return value if len(value) <= chars else value[:chars] + "\u2026"
+    if isinstance(value, list):
+        return [_cut(v, chars) for v in value[: max(1, chars // 8)]]
+    if isinstance(value, dict):
+        return {k: _cut(v, chars) for k, v in value.items()}
+    return value
+
+
+# What the page's socket sends when a fragment that is not an event row is
+# too large for a frame (a row is shown in part instead; see Fragment).
+TOO_LARGE_NOTICE = (
+    '<p id="live-notice" class="note" role="status" hx-swap-oob="true">'
+    "Part of this page was too large to update live: reload the page to see it.</p>"
+)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One out-of-band swap of a batch: an event's row (`row` set), or the
+    header, the approvals, the title or the bubble."""
+
+    html: str
+    row: EventRow | None = None
+    session_id: uuid.UUID | None = None
+    oob: str = ""
+
+    def stand_in(self, html: str, nbytes: int, *, max_bytes: int) -> str:
+        """What the socket sends when `html` is over `max_bytes`: the row with
+        its text cut, marked "shown in part" and linking to the whole event;
+        the notice for anything else."""
+        if self.row is None or self.session_id is None:
+            return TOO_LARGE_NOTICE
+        url = reverse("terret_api:list_events", args=[self.session_id])
+        row = dataclasses.replace(self.row, cut_bytes=nbytes, full_url=f"{url}?after={self.row.seq - 1}&limit=1")
+        chars = max(64, max_bytes // 8)
+        while chars >= 64:
+            out = self._wrap(render_event(dataclasses.replace(row, data=_cut(row.data, chars)), oob=self.oob))
+            if _utf8_size(out) <= max_bytes:
+                return out
+            chars //= 4
+        return self._wrap(render_event(dataclasses.replace(row, data={}), oob=self.oob))
+
+    def _wrap(self, html: str) -> str:
+        return html if self.oob else f'<ol hx-swap-oob="beforeend:#log">{html}</ol>'
+
+
+def row_fragment(session_id: uuid.UUID, row: EventRow, *, oob: str = "") -> Fragment:
+    """An event row appended to the log (or, with `oob`, swapped in place)."""
+    fragment = Fragment("", row, session_id, oob)
+    return dataclasses.replace(fragment, html=fragment._wrap(render_event(row, oob=oob)))
+
+
 # ---------------------------------------------------------------- the chat page's socket
 
 
@@ -115,22 +188,23 @@ class ChatFollower:
     closed_step: int = 0  # the latest step whose assistant/message was sent: its late deltas are dropped
     step: int = 0
 
-    def events(self, frames: list[tuple[int, str]]) -> str:
-        """The fragments for a batch of committed events (socket frames):
-        each event appended to the log, queued inputs that landed shown as
-        landed, and the header, the approvals and the bubble brought up to date."""
+    def events(self, frames: list[tuple[int, str]]) -> list[Fragment]:
+        """The fragments for a batch of committed events (socket frames), in
+        order: each event appended to the log, queued inputs that landed shown
+        as landed, and the header, the approvals and the bubble brought up to
+        date. The socket fits each into a frame and packs them (sockets/page.py)."""
         session = Session.objects.filter(id=self.session_id).select_related("owner").first()
         if session is None:
-            return ""
+            return []
         parsed = [json.loads(text) for _, text in frames]
-        out = []
+        out: list[Fragment] = []
         landed: list[int] = []
         kinds = set()
         for f in parsed:
             kinds.add(f["kind"])
             data = f.get("data") or {}
             row = event_row(f["seq"], f["kind"], data, datetime.fromisoformat(f["at"]), session.inbox_seq)
-            out.append(f'<ol hx-swap-oob="beforeend:#log">{render_event(row)}</ol>')
+            out.append(row_fragment(self.session_id, row))
             if f["kind"] == "turn/start":
                 self.step = self.closed_step = 0  # steps count from 1 again
             elif f["kind"] == "step/start":
@@ -141,22 +215,24 @@ class ChatFollower:
                 # bubble of this step or an earlier one is emptied.
                 self.closed_step = self.step
                 if self.stream_step is None or self.stream_step <= self.step:
-                    out.append(self.bubble(None, ""))
+                    out.append(Fragment(self.bubble(None, "")))
             elif f["kind"] == "turn/end":
                 self.closed_step = max(self.step, self.stream_step or 0)
-                out.append(self.bubble(None, ""))
+                out.append(Fragment(self.bubble(None, "")))
             elif f["kind"] in ("user/message", "context/injected") and data.get("source_seq"):
                 landed.append(int(data["source_seq"]))
         for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=landed).values_list(
             "seq", "kind", "data", "created_at"
         ):
-            out.append(render_event(event_row(seq, kind, data, at, session.inbox_seq), oob="outerHTML"))
-        out.append(render_to_string("sessions/chat.html#facts", facts_context(session, self.user, oob=True)))
+            out.append(
+                row_fragment(self.session_id, event_row(seq, kind, data, at, session.inbox_seq), oob="outerHTML")
+            )
+        out.append(Fragment(render_to_string("sessions/chat.html#facts", facts_context(session, self.user, oob=True))))
         if "session/titled" in kinds:
-            out.append(render_to_string("sessions/chat.html#title", {"session": session, "oob": True}))
+            out.append(Fragment(render_to_string("sessions/chat.html#title", {"session": session, "oob": True})))
         if kinds & APPROVAL_MOVES:
-            out.append(approvals_fragment(session, self.user))
-        return "".join(out)
+            out.append(Fragment(approvals_fragment(session, self.user)))
+        return out
 
     def delta(self, step: int, text: str) -> str:
         """A streamed token delta for the bubble; empty for a step already closed."""
@@ -177,6 +253,8 @@ def facts_context(session: Session, user: Any, *, oob: bool = False) -> dict[str
     return {
         "session": session,
         "status_label": status_label(session.status),
+        "blocked": blocked_info(session),
+        "waiting": waiting_info(session),
         "cost_text": format_cost(session.cost, session.unpriced_entries),
         "can_drive": permissions.can_drive(user, session),
         "oob": oob,

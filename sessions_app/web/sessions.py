@@ -29,7 +29,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions, services
-from sessions_app.errors import TerretError
+from sessions_app.errors import NotBlocked, TerretError
 from sessions_app.models import Agent, Event, Session
 from sessions_app.services.usage import format_cost
 from sessions_app.web.forms import MessageForm, NewSessionForm
@@ -220,7 +220,26 @@ def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         # The status badge follows the log over the websocket.
         return HttpResponse(status=204)
     if cancelled:
-        messages.info(request, "Cancel requested: the turn stops at its next step boundary.")
+        messages.info(request, "Stopped: the turn ends within a second, keeping what was streamed.")
     else:
-        messages.info(request, "Nothing to cancel: the agent is idle.")
+        messages.info(request, "Nothing to stop: the agent is idle.")
+    return redirect("sessions:chat", session_id=session.id)
+
+
+@login_required
+@require_POST
+def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """Drive a blocked turn again now (the Retry button of a blocked session)."""
+    session = _drivable(request, session_id)
+    htmx = bool(getattr(request, "htmx", False))
+    try:
+        services.retry(session.id, by=request.user.get_username())
+    except NotBlocked:
+        if htmx:
+            return HttpResponse("Nothing to retry: the turn is not blocked.", status=409)
+        messages.info(request, "Nothing to retry: the turn is not blocked.")
+    else:
+        if htmx:
+            return HttpResponse(status=204)  # the header follows the log over the websocket
+        messages.info(request, "Retrying the turn now.")
     return redirect("sessions:chat", session_id=session.id)

@@ -7,8 +7,9 @@
  *   reconnects with the URL it first used, so ?after= is brought up to date;
  * - reconnects after any drop but a refusal (4400-4404), with backoff;
  * - shows the socket's state in #live;
- * - keeps the log scrolled to the bottom if it was, sends on Enter, and
- *   follows the "show all events" box.
+ * - keeps the log scrolled to the bottom if it was, sends on Enter, stops
+ *   the turn on Esc (when the composer shows Stop), and follows the "show
+ *   all events" box.
  * Design: docs/web.md.
  */
 (function () {
@@ -79,6 +80,16 @@
     if (!form || !t.value.trim()) return;
     e.preventDefault();
     if (form.requestSubmit) form.requestSubmit(); else form.submit();
+  });
+
+  // Esc presses Stop while it is shown (a turn is open: CSS keys it on #chat-facts' data-status).
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Escape" || e.defaultPrevented || e.isComposing || e.repeat) return;
+    if (e.shiftKey || e.ctrlKey || e.altKey || e.metaKey) return;
+    var stop = document.getElementById("stop-button");
+    if (!stop || stop.disabled || !stop.getClientRects().length) return;  // hidden: nothing to stop
+    e.preventDefault();
+    stop.click();
   });
 
   document.addEventListener("DOMContentLoaded", function () {

@@ -33,6 +33,11 @@ from typing import Any
 from sessions_app.llm.openai import to_wire
 
 MODES = ("final", "tool-then-final", "always-tool")
+# Seconds between the comments of a `keepalive_forever` reply.
+KEEPALIVE_INTERVAL = 0.2
+# Texts longer than this go out in BIG_PIECE-character chunks, not word by word.
+BIG_TEXT = 64 * 1024
+BIG_PIECE = 16 * 1024
 
 
 @dataclass
@@ -51,6 +56,14 @@ class Reply:
     multiline: spread each chunk's JSON over several `data:` lines.
     stream_error: (code, message) sent OpenRouter-style as an `error` chunk after
       the text, ending the stream there.
+    keepalive_forever: after `keepalive_after` data chunks (0: before the first;
+      len(chunks_for(reply)) or more: after the last, instead of [DONE]), send
+      only `: OPENROUTER PROCESSING` comments, one every KEEPALIVE_INTERVAL
+      seconds, until the client hangs up or the server stops.
+    piece_size: send the text in pieces of this many characters instead of one
+      word per chunk (texts over BIG_TEXT characters use BIG_PIECE by default).
+    echo_key: an error reply's message ends with the Authorization header the
+      request carried, as a careless provider would echo it.
     """
 
     text: str | None = None
@@ -67,6 +80,10 @@ class Reply:
     comments: int = 1
     multiline: bool = False
     stream_error: tuple[int, str] | None = None
+    keepalive_forever: bool = False
+    keepalive_after: int = 0
+    piece_size: int | None = None
+    echo_key: bool = False
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -106,6 +123,14 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _text_pieces(reply: Reply) -> list[str]:
+    text = reply.text or ""
+    size = reply.piece_size or (BIG_PIECE if len(text) > BIG_TEXT else None)
+    if size:
+        return _pieces(text, size)
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
 def _choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
     return [{"index": 0, "delta": delta, "finish_reason": finish}]
 
@@ -124,8 +149,7 @@ def chunks_for(reply: Reply) -> list[dict[str, Any]]:
     """The `choices`/`usage` part of each chunk, in order (without [DONE])."""
     chunks: list[dict[str, Any]] = [{"choices": _choice({"role": "assistant", "content": ""})}]
     if reply.text:
-        words = re.findall(r"\s*\S+\s*", reply.text) or [reply.text]
-        chunks += [{"choices": _choice({"content": word})} for word in words]
+        chunks += [{"choices": _choice({"content": piece})} for piece in _text_pieces(reply)]
     if reply.stream_error is not None:
         code, message = reply.stream_error
         return [*chunks, {"error": {"code": code, "message": message}, "choices": _choice({}, "error")}]
@@ -194,12 +218,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
         body = json.loads(raw or b"{}")
-        reply = fake._next_reply(body, {k.lower(): v for k, v in self.headers.items()})
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = fake._next_reply(body, headers)
         try:
             if reply.latency and fake._stopped.wait(reply.latency):
                 raise _Aborted
             if reply.status >= 400:
-                self._send_error(reply)
+                self._send_error(reply, headers.get("authorization", ""))
             else:
                 self._stream(reply, body.get("model") or "fake/model")
         except (_Aborted, OSError):
@@ -215,9 +240,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _send_error(self, reply: Reply) -> None:
+    def _send_error(self, reply: Reply, authorization: str) -> None:
         headers = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else {}
-        self._send_json(reply.status, {"error": {"message": reply.error_message, "code": reply.status}}, headers)
+        message = f"{reply.error_message} (you sent {authorization!r})" if reply.echo_key else reply.error_message
+        self._send_json(reply.status, {"error": {"message": message, "code": reply.status}}, headers)
 
     def _write_chunk(self, text: str) -> None:
         data = text.encode()
@@ -232,12 +258,24 @@ class _Handler(BaseHTTPRequestHandler):
         for _ in range(reply.comments):
             self._write_chunk(": OPENROUTER PROCESSING\n\n")
         base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "model": model}
-        for n, chunk in enumerate(chunks_for(reply)):
+        chunks = chunks_for(reply)
+        for n, chunk in enumerate(chunks):
+            if reply.keepalive_forever and n == reply.keepalive_after:
+                self._keep_alive_forever()
             self._before_chunk(reply, n)
             self._write_chunk(_sse({**base, "created": int(time.time()), **chunk}, reply.multiline))
+        if reply.keepalive_forever and reply.keepalive_after >= len(chunks):
+            self._keep_alive_forever()  # every chunk sent, usage too, but never [DONE]
         if not reply.omit_done and reply.stream_error is None:
             self._write_chunk("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
+
+    def _keep_alive_forever(self) -> None:
+        fake = self.server.fake
+        while not fake._stopped.wait(KEEPALIVE_INTERVAL):
+            self._write_chunk(": OPENROUTER PROCESSING\n\n")  # raises OSError once the client is gone
+            fake._count_keepalive()
+        raise _Aborted
 
     def _before_chunk(self, reply: Reply, n: int) -> None:
         stopped = self.server.fake._stopped
@@ -273,6 +311,7 @@ class FakeLLM:
         self._headers: list[dict[str, str]] = []
         self._connections: set[socket.socket] = set()
         self.connections_opened = 0  # TCP connections accepted so far (keep-alive reuse shows here)
+        self.keepalives_sent = 0  # comments sent by `keepalive_forever` replies
         self._stopped = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -338,6 +377,10 @@ class FakeLLM:
                 self.connections_opened += 1
             else:
                 self._connections.discard(conn)
+
+    def _count_keepalive(self) -> None:
+        with self._lock:
+            self.keepalives_sent += 1
 
     def _next_reply(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self._lock:

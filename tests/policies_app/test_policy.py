@@ -324,6 +324,7 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, ma
         name="no-read", roles={"main": "test/model"}, builtin_tools=["clock.now", "debug.noop"], allow_floor=["*"]
     )
     session = sessions.create_session(make_user("noread"), profile)
+    sessions.spawn_agent(session, profile)  # a live agent: the first drive spawns none
     services.update_policy(session.id, ["debug.*"], user=session.owner)
     fake_llm.script(Reply(tool_calls=[("debug.noop", {})]), Reply(tool_calls=[("clock.now", {})]), Reply(text="done"))
     sessions.run_turn(session.id, "go")

@@ -39,8 +39,15 @@ def demo() -> AgentProfile:
     return AgentProfile.objects.get(name="demo")
 
 
-def new_session(owner: Any) -> Session:
-    return services.create_session(owner, demo())
+def new_session(owner: Any, *, spawned: bool = True) -> Session:
+    """A demo session of `owner`; with `spawned` its live agent is spawned
+    already (its log starts with agent/spawned, as tests/conftest.py's
+    `session`), instead of by the runtime on its first drive."""
+    profile = demo()
+    session = services.create_session(owner, profile)
+    if spawned:
+        services.spawn_agent(session, profile)
+    return session
 
 
 def park_calls(session_id: uuid.UUID, *call_ids: str) -> None:
@@ -78,3 +85,11 @@ def call(client: Client, method: str, url: str, body: Any = None, *, raw: str | 
     response = getattr(client, method.lower())(url, **kwargs)
     response.data = response.json() if response.get("Content-Type", "").startswith("application/json") else None
     return response
+
+
+def block_turn(session_id: uuid.UUID, reason: str = "the model provider failed: 503", attempts: int = 3) -> int:
+    """An open turn that stopped retrying by itself, as the runtime leaves it
+    (turn/start, its input, turn/blocked); the seq of its turn/blocked."""
+    log.append(session_id, "turn/start", {"by": "test"})
+    log.append(session_id, "user/message", {"text": "hello"})
+    return log.append(session_id, "turn/blocked", {"reason": reason, "attempts": attempts}).seq

@@ -56,6 +56,7 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/sessions/{session_id}/approvals/{call_id}",
         "/api/sessions/{session_id}/policy",
         "/api/sessions/{session_id}/cancel",
+        "/api/sessions/{session_id}/retry",
         "/api/sessions/{session_id}/compact",
     }
     assert doc["components"]["securitySchemes"]["BearerAuth"] == {"type": "http", "scheme": "bearer"}
@@ -84,7 +85,7 @@ def test_create_session_returns_201_with_id_profile_status(client, auth, owner):
     assert body["profile"] == "demo" and body["status"] == "idle"
     session = Session.objects.get(id=body["id"])
     assert session.owner == owner
-    assert session.events.filter(kind="agent/spawned").count() == 1
+    assert session.events.count() == 0  # its agent is spawned by its first input (runtime/registry.py)
 
 
 @pytest.mark.parametrize(
@@ -323,16 +324,19 @@ def test_bad_policies_are_400_and_append_nothing(client, auth, session, body):
 def test_cancel_without_a_turn_says_false_and_appends_nothing(client, auth, session):
     before = head(session.id)
     response = call(client, "POST", url(session, "/cancel"), **auth)
-    assert response.status_code == 200 and response.data == {"cancelled": False}
+    assert response.status_code == 200 and response.data == {"cancelled": False, "closed": False}
     assert head(session.id) == before
 
 
-def test_cancel_marks_the_turn_and_denies_parked_calls(client, auth, session):
+def test_cancel_of_a_turn_no_worker_holds_closes_it_at_once(client, auth, session):
     park_calls(session.id, "c1")
     response = call(client, "POST", url(session, "/cancel"), **auth)
-    assert response.data == {"cancelled": True}
-    kinds = list(session.events.order_by("-seq").values_list("kind", flat=True)[:2])
-    assert kinds == ["approval/resolved", "turn/cancel_requested"]
+    assert response.data == {"cancelled": True, "closed": True}
+    kinds = list(session.events.order_by("-seq").values_list("kind", flat=True)[:4])
+    assert kinds == ["turn/end", "tool/result", "approval/resolved", "turn/cancel_requested"]
+    end = session.events.order_by("-seq").first()
+    assert end.data == {"status": "cancelled", "by": "owner"}
+    assert call(client, "GET", url(session), **auth).data["status"] == "idle"
 
 
 def test_compact_during_a_turn_is_declined_with_a_reason(client, auth, session):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 
+from sessions_app.llm.abort import CANCELLED, DEADLINE, Abort
 from sessions_app.llm.demo import DemoAdapter
 from sessions_app.llm.registry import complete_utility, get_adapter
-from sessions_app.llm.types import DEMO_SPEC, ModelReply, ToolSpec
+from sessions_app.llm.types import DEMO_SPEC, ModelCancelled, ModelDeadline, ModelReply, ToolSpec
 
 ALL_TOOLS = [
     ToolSpec(name, f"the {name} tool", {"type": "object", "properties": {}})
@@ -150,3 +152,52 @@ def test_agent_system_prompt_mentioning_title_is_not_a_titler_request() -> None:
 def test_registry_serves_the_demo_singleton() -> None:
     assert isinstance(get_adapter(DEMO_SPEC), DemoAdapter)
     assert get_adapter(DEMO_SPEC) is get_adapter("demo/anything")
+
+
+# -- stopping ---------------------------------------------------------------
+
+
+def test_a_cancel_mid_stream_keeps_the_words_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERRET_DEMO_DELAY", "0.01")
+    abort, deltas = Abort(), []
+
+    def sink(word: str) -> None:
+        deltas.append(word)
+        if len(deltas) == 3:
+            abort.set(CANCELLED)
+
+    with pytest.raises(ModelCancelled) as caught:
+        DemoAdapter().complete(DEMO_SPEC, [{"role": "user", "content": "hello demo"}], [], sink, abort=abort)
+
+    assert len(deltas) == 3
+    assert caught.value.partial.content == "".join(deltas)
+    assert caught.value.partial.tool_calls == []
+
+
+def test_a_cancel_from_another_thread_ends_the_pause_between_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERRET_DEMO_DELAY", "5")
+    abort = Abort()
+    threading.Timer(0.2, abort.set, args=(CANCELLED,)).start()
+    started = time.monotonic()
+
+    with pytest.raises(ModelCancelled):
+        DemoAdapter().complete(DEMO_SPEC, [{"role": "user", "content": "hello"}], [], lambda _: None, abort=abort)
+
+    assert time.monotonic() - started < 1.0
+
+
+def test_an_abort_set_before_the_call_stops_even_a_tool_call() -> None:
+    cancelled, expired = Abort(), Abort()
+    cancelled.set(CANCELLED)
+    expired.set(DEADLINE)
+    with pytest.raises(ModelCancelled):
+        DemoAdapter().complete(DEMO_SPEC, [{"role": "user", "content": "list"}], ALL_TOOLS, abort=cancelled)
+    with pytest.raises(ModelDeadline):
+        complete_utility(DEMO_SPEC, [{"role": "user", "content": "hi"}], abort=expired)
+
+
+def test_an_unset_abort_changes_nothing() -> None:
+    deltas: list[str] = []
+    messages = [{"role": "user", "content": "hello demo"}]
+    reply = DemoAdapter().complete(DEMO_SPEC, messages, ALL_TOOLS, deltas.append, abort=Abort())
+    assert "".join(deltas) == reply.content

@@ -15,7 +15,7 @@ import pytest
 
 from sessions_app.llm.openai import OpenAIAdapter, from_wire, iter_lines, iter_sse_data, to_wire
 from sessions_app.llm.registry import complete_utility, get_adapter
-from sessions_app.llm.types import ModelNotConfigured, ModelUnavailable, ToolSpec, TornStream, Usage
+from sessions_app.llm.types import ModelNotConfigured, ModelRejected, ModelUnavailable, ToolSpec, TornStream, Usage
 from tests.fakes.fake_llm import FakeLLM, Reply, chunks_for
 
 SPEC = "test/model"
@@ -207,7 +207,7 @@ def test_retries_exhausted_raise_model_unavailable(llm: FakeLLM, adapter: OpenAI
 def test_4xx_is_not_retried_and_carries_the_provider_message(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
     llm.script(Reply(status=400, error_message="test/model is not a valid model ID"))
 
-    with pytest.raises(ModelUnavailable, match="HTTP 400.*is not a valid model ID"):
+    with pytest.raises(ModelRejected, match="HTTP 400.*is not a valid model ID"):
         adapter.complete(SPEC, USER, [])
     assert len(llm.requests) == 1
 
@@ -266,7 +266,7 @@ def test_mid_stream_error_chunk_is_retried_when_transient(llm: FakeLLM, adapter:
 
 def test_mid_stream_error_chunk_is_final_when_permanent(llm: FakeLLM, adapter: OpenAIAdapter) -> None:
     llm.script(Reply(stream_error=(400, "context length exceeded")))
-    with pytest.raises(ModelUnavailable, match="mid-stream: context length exceeded"):
+    with pytest.raises(ModelRejected, match="mid-stream: context length exceeded"):
         adapter.complete(SPEC, USER, [])
     assert len(llm.requests) == 1
 

@@ -61,8 +61,16 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "session/titled": [{"title": "T"}, {"title": "x" * 80}],
     "policy/updated": [{"patterns": []}, {"patterns": ["clock.*", "workspace.read"], "by": "admin"}],
     "model/updated": [{"role": r, "spec": "openai/gpt-4o-mini"} for r in ("main", "titler", "compactor")],
-    "agent/spawned": [{"agent_id": "a-1", "profile": "default"}],
-    "agent/disposed": [{"agent_id": "a-1"}],
+    "agent/spawned": [{"agent_id": "a-1", "profile": "default"}, {"agent_id": "a-1", "profile": "p", "live": 3}],
+    "agent/disposed": [
+        {"agent_id": "a-1"},
+        {"agent_id": "a-1", "reason": "evicted"},
+        {"agent_id": "a", "reason": "operator", "by": "ops"},
+    ],
+    "agent/waiting": [{"reason": "full"}, {"reason": "full", "live": 8}],
+    "turn/stalled": [{"attempt": 1, "error": "HTTP 503", "retry_in": 40.0}],
+    "turn/blocked": [{"reason": "model call failed", "attempts": 5}],
+    "turn/retry_requested": [{}, {"by": "ops"}],
 }
 
 INVALID: dict[str, list[Any]] = {
@@ -101,8 +109,16 @@ INVALID: dict[str, list[Any]] = {
     "session/titled": [{}, {"title": ""}, {"title": "x" * 81}],
     "policy/updated": [{}, {"patterns": "clock.*"}, {"patterns": [""]}],
     "model/updated": [{"role": "main"}, {"role": "boss", "spec": "x/y"}, {"role": "main", "spec": ""}],
-    "agent/spawned": [{"agent_id": "a"}, {"agent_id": "", "profile": "p"}],
-    "agent/disposed": [{}, {"agent_id": ""}],
+    "agent/spawned": [
+        {"agent_id": "a"},
+        {"agent_id": "", "profile": "p"},
+        {"agent_id": "a", "profile": "p", "live": 0},
+    ],
+    "agent/disposed": [{}, {"agent_id": ""}, {"agent_id": "a", "reason": "bored"}],
+    "agent/waiting": [{}, {"reason": "x", "live": -1}],
+    "turn/stalled": [{"attempt": 0, "error": "e", "retry_in": 1}, {"attempt": 1}],
+    "turn/blocked": [{"reason": "r"}, {"attempts": 1}],
+    "turn/retry_requested": [{"by": 1}],
 }
 
 EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}

@@ -163,8 +163,9 @@ def test_post_turn_with_the_runners_facts(fake_llm: Any, make_user: Any, django_
     _first_turn(fake_llm, session, "first message")
     profile = session.profile
     assert profile is not None
-    # Titled and under budget: nothing to read, nothing to write.
-    with django_assert_num_queries(0):
+    # Titled and under budget: nothing to read, nothing to write; one indexed
+    # look for sessions waiting for the agent slot this turn may have freed.
+    with django_assert_num_queries(1):
         post_turn(session.id, TurnFacts(profile, titled=True, first_user_text="x", last_prompt_tokens=10))
     assert titles(session) == []
     # Untitled: the fallback title comes from the facts' first user text.

@@ -21,9 +21,10 @@ FRAMES = [
     ("approve", {"call_id": "c1"}),
     ("deny", {"call_id": "c2", "reason": "no"}),
     ("compact", {}),
+    ("retry", {}),  # the turn is parked, not blocked: allowed callers get not_blocked
     ("cancel", {}),
 ]
-DRIVE = {"set_model", "set_policy", "inject", "compact", "cancel"}
+DRIVE = {"set_model", "set_policy", "inject", "compact", "retry", "cancel"}
 APPROVE = {"approve", "deny"}
 MAY = {
     "owner": DRIVE | {"ping"},
@@ -63,7 +64,10 @@ async def test_every_frame_for_every_role(world, role):
         while reply["type"] == "event":
             reply = await recv(comm)
         assert reply["id"] == n
-        if kind in MAY[role]:
+        if kind in MAY[role] and kind == "retry":
+            assert (reply["type"], reply["code"]) == ("error", "not_blocked"), (kind, reply)
+            assert await db(head)(world["sid"]) == before
+        elif kind in MAY[role]:
             assert reply["type"] == "ack", (kind, reply)
             assert reply["op"] == kind
         else:

@@ -1,0 +1,43 @@
+"""What closing an open turn appends, wherever it is closed.
+
+A turn closes from the runner (a cancel seen at a step boundary, a failure)
+or, when no worker holds it, straight from the cancel service under the row
+lock. Both close it the same way, so the projection never carries a tool
+call without its result: every call still owed gets an error result, an
+open step gets its step/end (with the usage its assistant message carried),
+then turn/end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessions_app.log.records import LoggedEvent
+from sessions_app.runtime.view import TurnState
+
+Entry = tuple[str, dict[str, Any]]
+CANCELLED_RESULT = "cancelled: the turn was cancelled"
+
+
+def closing_entries(
+    events: list[LoggedEvent], status: str, *, error: str = "", owed: str = CANCELLED_RESULT, by: str = ""
+) -> list[Entry]:
+    """The entries that close the turn whose events (turn/start onward) are
+    `events`: results for owed calls (content `owed`), step/end, turn/end."""
+    st = TurnState.parse(events)
+    out: list[Entry] = []
+    for e in st.events:
+        if e.kind == "assistant/message":
+            for call in st.owed_calls(e):
+                out.append(("tool/result", {"call_id": call.id, "name": call.name, "content": owed, "is_error": True}))
+    if st.open_step is not None:
+        message = st.assistant_in_open_step()
+        usage = message.data.get("usage") if message else None
+        out.append(("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step}))
+    end: dict[str, Any] = {"status": status}
+    if error:
+        end["error"] = error
+    if by:
+        end["by"] = by
+    out.append(("turn/end", end))
+    return out

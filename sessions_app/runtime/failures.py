@@ -1,0 +1,42 @@
+"""What a failure inside a turn means: the one place that decides.
+
+Transient: the same work may succeed later (a provider outage or throttle
+after the adapter's own retries, a torn stream, a deadline). Permanent:
+it will fail again however often it is tried (a provider's 4xx, an unknown
+model, a broken profile, a payload the log refuses, a bug). A fresh turn
+fails on either; only a turn re-entered after a crash retries a transient
+failure, with backoff and a bounded number of attempts (runner.py), and is
+then blocked. Database errors are not decided here: a drive retries those
+itself (drive.py), because the turn is not what failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import InterfaceError, OperationalError
+
+from sessions_app.llm.types import ModelError
+
+MAX_ERROR_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Failure:
+    transient: bool
+    message: str
+
+
+def is_database_outage(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def classify(exc: BaseException) -> Failure:
+    if isinstance(exc, ModelError):
+        return Failure(exc.transient, _clean(f"model call failed: {exc}"))
+    return Failure(False, _clean(f"{type(exc).__name__}: {exc}"))
+
+
+def _clean(text: str) -> str:
+    text = text.replace("\x00", "\\u0000")
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

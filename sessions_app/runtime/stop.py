@@ -1,0 +1,77 @@
+"""The stop watch: a cancel reaches a model call while it streams.
+
+A cancel is a log event (turn/cancel_requested, projected as the session's
+`cancel_seq`), committed by whichever process took the request. A worker
+streaming a model reply for that session learns of it here: one thread per
+process polls the sessions of the calls in flight every
+TERRET_CANCEL_POLL_SECONDS (one indexed read for all of them) and sets each
+cancelled call's Abort, which interrupts the stream at once (llm/abort.py).
+Polling the database, not a broker, keeps Stop working on the embedded
+path and through a Redis outage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db import connection
+
+from sessions_app.llm.abort import CANCELLED, Abort
+from sessions_app.models import Session
+
+logger = logging.getLogger(__name__)
+
+
+class _StopWatch:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[uuid.UUID, Abort]] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, session_id: uuid.UUID, abort: Abort) -> Iterator[Abort]:
+        """Set `abort` (CANCELLED) if the session's turn is cancelled while the block runs."""
+        key = id(abort)
+        with self._lock:
+            self._calls[key] = (session_id, abort)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="terret-stop-watch", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        try:
+            yield abort
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                calls = list(self._calls.values())
+            if not calls:
+                self._wake.wait(5.0)
+                self._wake.clear()
+                continue
+            try:
+                self._poll(calls)
+            except Exception:
+                logger.exception("polling %d model calls for cancels failed", len(calls))
+            finally:
+                connection.close()
+            threading.Event().wait(settings.TERRET_CANCEL_POLL_SECONDS)
+
+    def _poll(self, calls: list[tuple[uuid.UUID, Abort]]) -> None:
+        ids = {sid for sid, _ in calls}
+        cancelled = set(Session.objects.filter(id__in=ids, cancel_seq__isnull=False).values_list("id", flat=True))
+        for sid, abort in calls:
+            if sid in cancelled:
+                abort.set(CANCELLED)
+
+
+stop_watch = _StopWatch()

@@ -1,0 +1,111 @@
+"""The agent registry across sessions: spawn on demand, the cap, eviction,
+waiting for a slot, idle disposal and respawn (runtime/registry.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sessions_app import log, services
+from sessions_app.errors import AgentBusy
+from sessions_app.log.reads import waiting_info
+from sessions_app.models import Agent, AgentProfile, Session
+from sessions_app.runtime import registry
+from sessions_app.runtime.drive import drive
+from tests.fakes.fake_llm import Reply
+from tests.helpers import events, kinds
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
+
+
+@pytest.fixture
+def fresh(owner: Any, profile: AgentProfile) -> Any:
+    """Sessions as users create them: no agent until their first stimulus."""
+
+    def make() -> Session:
+        return services.create_session(owner, profile)
+
+    return make
+
+
+def test_a_new_session_holds_no_agent_until_its_first_turn(fake_llm: Any, fresh: Any) -> None:
+    session = fresh()
+    assert not Agent.objects.filter(session=session).exists()
+    fake_llm.responder = lambda body: Reply(text="hi")
+    services.inject(session.id, "hello", wake=True)
+    assert drive(session.id) == "ended"
+    assert kinds(session)[:3] == ["turn/start", "user/message", "agent/spawned"]
+    (spawned,) = events(session, "agent/spawned")
+    assert spawned == {"agent_id": f"t-{session.id.hex[:12]}", "profile": "t", "live": 1}
+
+
+def test_sessions_are_unlimited_and_idle_agents_are_evicted_to_make_room(
+    fake_llm: Any, fresh: Any, settings: Any
+) -> None:
+    settings.TERRET_MAX_AGENTS = 2
+    fake_llm.responder = lambda body: Reply(text="ok")
+    sessions = [fresh() for _ in range(5)]
+    for session in sessions:
+        services.inject(session.id, "go", wake=True)
+        assert drive(session.id) == "ended"
+        assert Agent.objects.count() <= 2
+    assert all(events(s, "turn/end") == [{"status": "completed"}] for s in sessions)
+    # the least recently active idle agents made room, each disposal logged
+    evicted = [s for s in sessions if events(s, "agent/disposed")]
+    assert len(evicted) == 3 and all(events(s, "agent/disposed")[0]["reason"] == "evicted" for s in evicted)
+    # and the first one comes back transparently, with the same id
+    first = sessions[0]
+    services.inject(first.id, "again", wake=True)
+    assert drive(first.id) == "ended"
+    assert [e["agent_id"] for e in events(first, "agent/spawned")] == [f"t-{first.id.hex[:12]}"] * 2
+
+
+def test_when_every_live_agent_is_busy_input_waits_durably_and_runs_when_a_slot_frees(
+    fake_llm: Any, fresh: Any, settings: Any
+) -> None:
+    settings.TERRET_MAX_AGENTS = 1
+    busy, waiting = fresh(), fresh()
+    registry.spawn(busy, busy.profile)  # type: ignore[arg-type]
+    log.append(busy.id, "turn/start", {})  # mid-turn: not evictable
+    receipt = services.inject(waiting.id, "my turn?", wake=True)
+    assert receipt.disposition == "started"  # accepted, durably: never a 429
+    assert drive(waiting.id) == "waiting"
+    assert drive(waiting.id) == "waiting"  # a second wake-up logs nothing new
+    (note,) = events(waiting, "agent/waiting")
+    assert note["live"] == 1 and "registry is full" in note["reason"]
+    waiting.refresh_from_db()
+    assert waiting.status == "running" and waiting_info(waiting) is not None
+    assert registry.offer_slots() == []  # still no room
+    log.append(busy.id, "turn/end", {"status": "completed"})
+    assert registry.offer_slots() == [str(waiting.id)]
+    assert registry.offer_slots() == []  # the slot is taken: no second waker gets it
+    fake_llm.responder = lambda body: Reply(text="now")
+    assert drive(waiting.id) == "ended"
+    waiting.refresh_from_db()
+    assert waiting_info(waiting) is None and events(waiting, "turn/end") == [{"status": "completed"}]
+    assert Agent.objects.count() == 1
+
+
+def test_idle_agents_are_disposed_after_the_idle_period_and_respawned(fake_llm: Any, fresh: Any, settings: Any) -> None:
+    session = fresh()
+    fake_llm.responder = lambda body: Reply(text="ok")
+    services.inject(session.id, "one", wake=True)
+    drive(session.id)
+    settings.TERRET_AGENT_IDLE_SECONDS = 3600
+    assert registry.reap_idle() == 0
+    Session.objects.filter(id=session.id).update(last_event_at=session.created_at.replace(year=2000))
+    assert registry.reap_idle() == 1
+    assert events(session, "agent/disposed") == [{"agent_id": f"t-{session.id.hex[:12]}", "reason": "idle"}]
+    services.inject(session.id, "two", wake=True)
+    assert drive(session.id) == "ended"
+    assert len(events(session, "agent/spawned")) == 2
+
+
+def test_dispose_only_when_idle(fresh: Any) -> None:
+    session = fresh()
+    agent = registry.spawn(session, session.profile)  # type: ignore[arg-type]
+    log.append(session.id, "input/queued", {"text": "pending", "wake": False})
+    with pytest.raises(AgentBusy):
+        services.dispose_agent(agent.agent_id, by="ops")
+    assert Agent.objects.filter(pk=agent.pk).exists()
