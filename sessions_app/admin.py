@@ -25,10 +25,24 @@ from sessions_app.web.present import status_label
 CHECKED_FIELDS: dict[str, Any] = {"roles": dict, "builtin_tools": list, "mcp_servers": list, "approvals": dict}
 
 
-class AgentProfileForm(forms.ModelForm[AgentProfile]):
+class ProfileChecks(forms.ModelForm[AgentProfile]):
     """Checks the roles, tools, MCP servers and approval overrides as the
     runtime would use them (runtime/profiles.py), each problem on its field."""
 
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for field, empty in CHECKED_FIELDS.items():
+            if field in cleaned and cleaned[field] is None:
+                cleaned[field] = empty()  # a blank field is the empty configuration
+        parsed = {field: cleaned.get(field, empty()) for field, empty in CHECKED_FIELDS.items()}
+        for field, problems in check_profile(**parsed).items():
+            if field in cleaned:  # a field that is not even JSON has its own error already
+                for problem in problems:
+                    self.add_error(field, problem)
+        return cleaned
+
+
+class AgentProfileForm(ProfileChecks):
     class Meta:
         model = AgentProfile
         fields = [
@@ -45,24 +59,20 @@ class AgentProfileForm(forms.ModelForm[AgentProfile]):
             "created_at",
         ]
 
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        for field, empty in CHECKED_FIELDS.items():
-            if field in cleaned and cleaned[field] is None:
-                cleaned[field] = empty()  # a blank field is the empty configuration
-        parsed = {field: cleaned.get(field, empty()) for field, empty in CHECKED_FIELDS.items()}
-        for field, problems in check_profile(**parsed).items():
-            if field in cleaned:  # a field that is not even JSON has its own error already
-                for problem in problems:
-                    self.add_error(field, problem)
-        return cleaned
-
 
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     form = AgentProfileForm
     list_display = ["name", "summarizer", "compaction_budget", "created_at"]
     search_fields = ["name", "description"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        if issubclass(form, ProfileChecks):
+            return form
+        # Another app gave this admin a form of its own (policies_app/admin.py
+        # checks the allow floor): keep its checks and these.
+        return type(form.__name__, (ProfileChecks, form), {"__module__": form.__module__})
 
 
 @admin.register(Agent)

@@ -332,11 +332,23 @@ class AppProcess:
 
 
 class Stack:
-    """PostgreSQL, Redis, daphne and `workers` Celery workers of our own."""
+    """PostgreSQL, Redis, daphne and `workers` Celery workers of our own.
+
+    `profiles` ({name: AgentProfile fields}) are created at start; `env` is
+    added to every process's environment (leave the lease and sweep settings
+    alone to test the defaults)."""
 
     ADMIN = "alice"
 
-    def __init__(self, *, llm_base_url: str, workers: int = 2, concurrency: int = 50, **env: Any) -> None:
+    def __init__(
+        self,
+        *,
+        llm_base_url: str,
+        workers: int = 2,
+        concurrency: int = 50,
+        profiles: dict[str, dict[str, Any]] | None = None,
+        **env: Any,
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="terret-stack-"))
         os.chmod(self.root, 0o755)  # the postgres user must reach root/pg
         self.logdir = self.root / "logs"
@@ -345,6 +357,7 @@ class Stack:
         self.n_workers = workers
         self.concurrency = concurrency
         self.extra_env = {k: str(v) for k, v in env.items()}
+        self.profiles = dict(profiles or {})
         self.secret_key = secrets.token_urlsafe(40)
         self.postgres = PrivatePostgres(self.root)
         self.redis = PrivateRedis(self.root)
@@ -396,10 +409,8 @@ class Stack:
         self.redis.start()
         self.timings["services"] = time.monotonic() - t0
         self.manage("migrate", "--noinput")
-        password = secrets.token_urlsafe(12)
-        self.manage("ensure_admin", TERRET_ADMIN_USER=self.ADMIN, TERRET_ADMIN_PASSWORD=password)
-        self.token = self.manage("create_api_token", self.ADMIN, "--name", "tests/stack.py").strip()
-        self.timings["migrate+admin"] = time.monotonic() - t0 - self.timings["services"]
+        self.timings["migrate"] = time.monotonic() - t0
+        # The processes boot while the admin, its token and the profiles are made.
         self.daphne = AppProcess(
             "daphne",
             [*_venv_bin("daphne"), "-b", "127.0.0.1", "-p", str(self.http_port), "terret_site.asgi:application"],
@@ -408,6 +419,11 @@ class Stack:
         )
         for i in range(self.n_workers):
             self.add_worker(wait=False, index=i)
+        password = secrets.token_urlsafe(12)
+        self.manage("ensure_admin", TERRET_ADMIN_USER=self.ADMIN, TERRET_ADMIN_PASSWORD=password)
+        self.token = self.manage("create_api_token", self.ADMIN, "--name", "tests/stack.py").strip()
+        for name, fields in self.profiles.items():
+            self.create_profile(name, **fields)
         self.wait_serving()
         for worker in self.workers:
             self.wait_worker_ready(worker)

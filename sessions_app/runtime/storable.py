@@ -49,6 +49,10 @@ def fit_assistant(data: dict[str, Any]) -> dict[str, Any]:
         call["name"] = fit(call["name"], 200)
         call["id"] = fit(call["id"], 200)
     # Many calls can still add up: halve the longest text until the event fits.
+    # (A char is at most 6 bytes in JSON: most replies skip the measuring.)
+    rough = len(data.get("content") or "") + sum(len(c["arguments"]) + 64 for c in data.get("tool_calls") or [])
+    if rough * 6 + 1024 < settings.TERRET_MAX_EVENT_BYTES:
+        return data
     while _size(data) > settings.TERRET_MAX_EVENT_BYTES:
         fields = [("content", data)] if data.get("content") else []
         fields += [("arguments", c) for c in data.get("tool_calls") or []]

@@ -158,21 +158,22 @@ class Fragment:
         url = reverse("terret_api:list_events", args=[self.session_id])
         row = dataclasses.replace(self.row, cut_bytes=nbytes, full_url=f"{url}?after={self.row.seq - 1}&limit=1")
         chars = max(64, max_bytes // 8)
-        while chars >= 64:
-            out = self._wrap(render_event(dataclasses.replace(row, data=_cut(row.data, chars)), oob=self.oob))
+        while chars >= 64:  # escaping can grow the text: cut harder until it fits
+            out = _row_swap(dataclasses.replace(row, data=_cut(row.data, chars)), self.oob)
             if _utf8_size(out) <= max_bytes:
                 return out
             chars //= 4
-        return self._wrap(render_event(dataclasses.replace(row, data={}), oob=self.oob))
+        return _row_swap(dataclasses.replace(row, data={}), self.oob)
 
-    def _wrap(self, html: str) -> str:
-        return html if self.oob else f'<ol hx-swap-oob="beforeend:#log">{html}</ol>'
+
+def _row_swap(row: EventRow, oob: str) -> str:
+    """The row appended to the log, or with `oob` swapped in place of its old self."""
+    html = render_event(row, oob=oob)
+    return html if oob else f'<ol hx-swap-oob="beforeend:#log">{html}</ol>'
 
 
 def row_fragment(session_id: uuid.UUID, row: EventRow, *, oob: str = "") -> Fragment:
-    """An event row appended to the log (or, with `oob`, swapped in place)."""
-    fragment = Fragment("", row, session_id, oob)
-    return dataclasses.replace(fragment, html=fragment._wrap(render_event(row, oob=oob)))
+    return Fragment(_row_swap(row, oob), row, session_id, oob)
 
 
 # ---------------------------------------------------------------- the chat page's socket

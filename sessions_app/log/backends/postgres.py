@@ -46,7 +46,7 @@ def fetch_unprepared(sql: str, params: list[Any]) -> list[dict[str, Any]]:
 def _run(sql: str, params: list[Any], *, prepare: bool) -> list[dict[str, Any]]:
     connection.ensure_connection()
     started = time.monotonic()
-    with psycopg.Cursor(connection.connection, row_factory=dict_row) as cur:  # type: ignore[arg-type]
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection, row_factory=dict_row) as cur:  # type: ignore[arg-type]
         cur.execute(sql, params, prepare=prepare)  # type: ignore[arg-type]
         rows = cur.fetchall() if cur.description is not None else []
     if connection.queries_logged:

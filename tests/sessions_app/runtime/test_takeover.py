@@ -15,6 +15,7 @@ import pytest
 
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.models import WorkerProcess as ProcessRow
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
 from tests.workers import DEFAULT_LEASES, WorkerProcess
@@ -155,6 +156,7 @@ def test_sigterm_hands_a_running_turn_over_within_1s_and_reruns_no_step(
 
     wait_for(lambda: turn_ended(session), timeout=40, what="turn/end")
     assert leaving.wait_exit(30) == 0, leaving.output()[-3000:]
+    assert not ProcessRow.objects.filter(pid=leaving.pid).exists(), "it gave its liveness key up on the way out"
     handover = at(session, "step/start", step=2) - at(session, "step/end", step=1)
     print(f"SIGTERM: step 2 started {handover:.2f}s after step 1 committed")
     assert handover < HANDOVER_SECONDS, f"step 2 started {handover:.2f}s after step 1 committed"

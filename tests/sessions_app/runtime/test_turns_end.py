@@ -280,3 +280,50 @@ def test_cancel_of_a_blocked_turn_closes_it_and_owed_calls_get_results(fake_llm:
         {"call_id": "c9", "name": "debug.noop", "content": "cancelled: the turn was cancelled", "is_error": True}
     ]
     assert ended(session)["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(keepalive_forever=True), Reply(text="partial answer ", hang=True)],
+    ids=["keep-alive comments forever", "a silent hang"],
+)
+def test_a_stream_that_never_finishes_ends_at_its_deadline(
+    fake_llm: Any, session: Session, settings: Any, reply: Reply
+) -> None:
+    settings.TERRET_LLM_DEADLINE_SECONDS = 1.5
+    settings.TERRET_LLM_TIMEOUT = 60  # the per-read timeout alone would wait far longer
+    fake_llm.script(reply)
+    services.run_turn(session.id, "talk")
+    started = time.monotonic()
+    assert drive(session.id) == "ended"
+    assert time.monotonic() - started < 3.0
+    end = ended(session)
+    assert end["status"] == "failed" and "deadline" in end["error"]
+    assert len(fake_llm.requests) == 1  # a deadline is not retried
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [Reply(keepalive_forever=True), Reply(text="partial answer ", hang=True), Reply(text="z" * 10_000_000, chunk_delay=0.01)],
+    ids=["keep-alive comments forever", "a silent hang", "a 10 MB answer streaming"],
+)
+def test_cancel_stops_every_kind_of_stuck_stream_within_a_second(
+    fake_llm: Any, session: Session, settings: Any, reply: Reply
+) -> None:
+    settings.TERRET_CANCEL_POLL_SECONDS = 0.2
+    fake_llm.script(reply)
+    services.run_turn(session.id, "talk")
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(drive(session.id)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not fake_llm.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    cancelled_at = time.monotonic()
+    services.cancel(session.id)
+    worker.join(5)
+    assert outcome == ["ended"] and time.monotonic() - cancelled_at < 1.0
+    assert ended(session)["status"] == "cancelled"
+    message = events(session, "assistant/message")[-1]
+    assert message["partial"] is True

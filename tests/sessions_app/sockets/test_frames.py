@@ -78,7 +78,9 @@ def test_pack_joins_pieces_in_order_within_the_limit() -> None:
 
 def test_an_oversize_row_is_rendered_with_its_text_cut_and_shown_in_part() -> None:
     sid = uuid.uuid4()
-    row = EventRow(9, "tool/result", {"call_id": "c", "name": "workspace.read", "content": "<b>" * 50_000}, datetime.now(UTC))
+    row = EventRow(
+        9, "tool/result", {"call_id": "c", "name": "workspace.read", "content": "<b>" * 50_000}, datetime.now(UTC)
+    )
     fragment = row_fragment(sid, row)
     assert frames.size(fragment.html) > 64 * 1024
     out = frames.fit(fragment.html, lambda t, n: fragment.stand_in(t, n, max_bytes=64 * 1024), 64 * 1024)
@@ -97,7 +99,10 @@ async def test_the_page_socket_keeps_every_frame_under_the_limit(make_user, sett
     owner = await db(make_user)("owner")
     session = await db(new_session)(owner)
     token = await db(token_for)(owner)
-    seqs = [await db(log.append)(session.id, "input/queued", {"text": f"{n} " + "ü" * 20_000, "wake": False}) for n in range(6)]
+    seqs = [
+        await db(log.append)(session.id, "input/queued", {"text": f"{n} " + "ü" * 20_000, "wake": False})
+        for n in range(6)
+    ]
     comm = await open_socket(f"/ws/sessions/{session.id}/page/?token={token}&after=0")
     got: list[str] = []
     while f'id="ev-{seqs[-1].seq}"' not in "".join(got):
