@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,8 @@ def _wait(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> 
 class Outage:
     """One stop/start of a service, in wall-clock seconds (time.time())."""
 
-    down_at: float  # the service had stopped
-    up_at: float  # it answered again
+    down_at: float  # the service began to go away
+    up_at: float  # it accepted connections again
 
     @property
     def length(self) -> float:
@@ -130,6 +131,9 @@ class PrivatePostgres:
         "shared_buffers": "32MB",
         "log_min_messages": "warning",
         "log_connections": "off",
+        # ready_at()/down_at() read these lines' timestamps
+        "log_timezone": "'UTC'",
+        "log_line_prefix": "'%m [%p] '",
     }
 
     def __init__(self, root: Path, port: int | None = None) -> None:
@@ -171,17 +175,20 @@ class PrivatePostgres:
         self._initialized = True
 
     def start(self) -> float:
-        """Start and wait until it accepts connections; that moment (time.time())."""
+        """Start and wait until it accepts connections; the moment it became
+        ready (time.time(), from the server's own log line)."""
         if not self._initialized:
             self.init()
         self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", "60", "start")
         _wait(self.accepting, 30, "PostgreSQL to accept connections")
-        return time.time()
+        return self._last_logged("database system is ready to accept connections") or time.time()
 
     def stop(self, mode: str = "fast") -> float:
-        """Stop (fast: every session is cut); the moment it was down."""
+        """Stop (fast: every session is cut); the moment the server began
+        cutting them (its log line: "received fast shutdown request")."""
+        started = time.time()
         self._run("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "-t", "60", "stop")
-        return time.time()
+        return self._last_logged(f"received {mode} shutdown request") or started
 
     def restart(self, gap: float = 0.0) -> Outage:
         """Stop, stay down for `gap` seconds, start again."""
@@ -189,6 +196,17 @@ class PrivatePostgres:
         if gap:
             time.sleep(gap)
         return Outage(down, self.start())
+
+    def _last_logged(self, message: str) -> float | None:
+        """The time of the last server log line holding `message` (log_line_prefix '%m ', UTC)."""
+        for line in reversed(self.log().splitlines()):
+            if message in line:
+                try:
+                    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+                except ValueError:
+                    return None
+                return stamp.timestamp()
+        return None
 
     def running(self) -> bool:
         return (self.datadir / "postmaster.pid").exists()
@@ -494,7 +512,10 @@ class Stack:
     def create_profile(self, name: str, **fields: Any) -> None:
         """An AgentProfile in the stack's database (profiles are admin-managed: no API)."""
         spec = json.dumps({"name": name, **fields})
-        code = f"import json; from sessions_app.models import AgentProfile; AgentProfile.objects.create(**json.loads({spec!r}))"
+        code = (
+            "import json; from sessions_app.models import AgentProfile; "
+            f"AgentProfile.objects.create(**json.loads({spec!r}))"
+        )
         self.manage("shell", "-c", code)
 
     def logs(self, tail: int = 3000) -> str:

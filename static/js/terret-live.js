@@ -86,6 +86,8 @@
   document.addEventListener("keydown", function (e) {
     if (e.key !== "Escape" || e.defaultPrevented || e.isComposing || e.repeat) return;
     if (e.shiftKey || e.ctrlKey || e.altKey || e.metaKey) return;
+    var t = e.target;  // Esc in another form's field (an approval's reason) is that field's own
+    if (t && t.closest && t.closest("input, textarea, select") && !t.closest("#composer")) return;
     var stop = document.getElementById("stop-button");
     if (!stop || stop.disabled || !stop.getClientRects().length) return;  // hidden: nothing to stop
     e.preventDefault();

@@ -45,13 +45,46 @@ REPORT: list[str] = []
 
 
 def report(line: str) -> None:
+    """A measured figure: printed at the end of the module (run with -s to see them)."""
     REPORT.append(line)
-    print(f"\n[outages] {line}", flush=True)
+
+
+Plan = Callable[[int, dict[str, Any]], Reply]
+
+
+class Model:
+    """The fake model's responder: a plan per input (the turn's last user
+    message), called with how many requests that input had before; and the
+    time of every request, per input."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, Plan] = {}
+        self.seen: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        users = [m.get("content") for m in body.get("messages") or [] if m.get("role") == "user"]
+        text = str(users[-1]) if users else ""
+        with self._lock:
+            times = self.seen.setdefault(text, [])
+            n = len(times)
+            times.append(time.time())
+        plan = self.plans.get(text)
+        return plan(n, body) if plan is not None else Reply(text="ok")
+
+    def requests(self, text: str) -> list[float]:
+        with self._lock:
+            return list(self.seen.get(text, []))
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeLLM]:
-    with FakeLLM(lambda body: Reply(text="ok")) as llm:
+def model() -> Model:
+    return Model()
+
+
+@pytest.fixture(scope="module")
+def fake(model: Model) -> Iterator[FakeLLM]:
+    with FakeLLM(model) as llm:
         yield llm
 
 
@@ -72,8 +105,7 @@ def stack(fake: FakeLLM) -> Iterator[Stack]:
     with Stack(llm_base_url=fake.base_url, workers=2, profiles=profiles) as s:
         report(f"stack up in {s.timings['start']:.1f}s ({', '.join(f'{k} {v:.1f}s' for k, v in s.timings.items())})")
         yield s
-        for line in REPORT:
-            print(f"[outages] {line}")
+        print("", *(f"[outages] {line}" for line in REPORT), sep="\n")
 
 
 # -- the API, as a client uses it ------------------------------------------------------
@@ -87,6 +119,7 @@ def at(event: dict[str, Any]) -> float:
 class Api:
     client: httpx.Client
     statuses: list[int] = field(default_factory=list)  # of every tolerant GET
+    seen_at: float = 0.0  # when wait_events last saw its condition (time.time())
 
     def new_session(self) -> str:
         r = self.client.post("/api/sessions", json={"profile": PROFILE})
@@ -123,6 +156,7 @@ class Api:
             if evs is not None:
                 last = evs
                 if until(evs):
+                    self.seen_at = time.time()
                     return evs
             time.sleep(0.1)
         kinds = [e["kind"] for e in last or []]
@@ -139,15 +173,6 @@ def ended(evs: list[dict[str, Any]], count: int = 1) -> bool:
     return sum(e["kind"] == "turn/end" for e in evs) >= count
 
 
-def requests_for(fake: FakeLLM, text: str) -> int:
-    """Model requests whose conversation holds the user message `text`."""
-    n = 0
-    for body in fake.requests:
-        if any(m.get("role") == "user" and m.get("content") == text for m in body.get("messages") or []):
-            n += 1
-    return n
-
-
 def assert_one_clean_turn(evs: list[dict[str, Any]]) -> dict[str, Any]:
     """Gapless seqs, exactly one turn/start and one turn/end, completed; the turn/end."""
     seqs = [e["seq"] for e in evs]
@@ -160,6 +185,10 @@ def assert_one_clean_turn(evs: list[dict[str, Any]]) -> dict[str, Any]:
     return end
 
 
+def rel(times: list[float], origin: float) -> list[float]:
+    return [round(t - origin, 2) for t in times]
+
+
 def timeline(evs: list[dict[str, Any]], origin: float) -> str:
     return ", ".join(f"{e['seq']}:{e['kind']}@{at(e) - origin:+.2f}" for e in evs)
 
@@ -167,10 +196,24 @@ def timeline(evs: list[dict[str, Any]], origin: float) -> str:
 # -- PostgreSQL restarted mid-turn -----------------------------------------------------
 
 
+def streamed_once(n: int, body: dict[str, Any]) -> Reply:
+    """About 3 s of streamed text the first time; at once when redone."""
+    if n == 0:
+        return Reply(text=" ".join(f"w{i}" for i in range(15)), chunk_delay=0.2)
+    return Reply(text="redone")
+
+
+def tool_then_final(n: int, body: dict[str, Any]) -> Reply:
+    """A 2 s tool call, then (after its result) the final answer."""
+    if body["messages"][-1].get("role") == "tool":
+        return Reply(text="done")
+    return Reply(tool_calls=[("debug.sleep", {"seconds": 2})])
+
+
 @dataclass
 class PgCase:
     name: str
-    first: list[Reply]  # the scripted replies of the turn (the rest: the responder's "ok")
+    plan: Plan
     steps: int  # model steps the turn takes when nothing fails
     gap: float  # seconds PostgreSQL stays down
     trigger: str  # what the test waits for before stopping PostgreSQL
@@ -180,37 +223,23 @@ class PgCase:
 PG_CASES = [
     # The step's model reply (about 3 s) finishes while the database is down:
     # its commit is refused, the drive backs off until the database answers.
-    PgCase(
-        "down-across-the-commit",
-        [Reply(text=" ".join(f"w{i}" for i in range(15)), chunk_delay=0.2)],
-        steps=1,
-        gap=3.0,
-        trigger="model-request",
-        delay=1.0,
-    ),
-    # A fast restart (stop, start) while a tool runs: the database is back
-    # before the tool's result is committed, on a pool of dead connections.
-    PgCase(
-        "fast-restart-between-steps",
-        [Reply(tool_calls=[("debug.sleep", {"seconds": 2})]), Reply(text="done")],
-        steps=2,
-        gap=0.0,
-        trigger="tool-call-committed",
-        delay=0.3,
-    ),
+    PgCase("down-across-the-commit", streamed_once, steps=1, gap=3.0, trigger="model-request", delay=1.0),
+    # A fast restart (stop, start at once) while a tool runs: the database is
+    # back before the tool's result is committed, on a pool of dead connections.
+    PgCase("fast-restart-between-steps", tool_then_final, steps=2, gap=0.0, trigger="tool-call", delay=0.3),
 ]
 
 
 @pytest.mark.parametrize("case", PG_CASES, ids=[c.name for c in PG_CASES])
-def test_postgres_restart_mid_turn_resumes_within_seconds(stack: Stack, api: Api, fake: FakeLLM, case: PgCase) -> None:
+def test_postgres_restart_mid_turn_resumes_within_seconds(stack: Stack, api: Api, model: Model, case: PgCase) -> None:
     sid = api.new_session()
     text = f"pg restart {case.name} {time.monotonic_ns()}"
-    fake.script(*case.first)
+    model.plans[text] = case.plan
     r, _ = api.post_input(sid, text)
     assert r.status_code == 202, r.text
 
     if case.trigger == "model-request":
-        wait(lambda: requests_for(fake, text) >= 1, 15, "the model request")
+        wait(lambda: model.requests(text), 15, "the model request")
     else:
         api.wait_events(sid, lambda evs: any(e["kind"] == "assistant/message" for e in evs), 15, "the tool call")
     time.sleep(case.delay)
@@ -218,19 +247,21 @@ def test_postgres_restart_mid_turn_resumes_within_seconds(stack: Stack, api: Api
     n_status = len(api.statuses)
 
     evs = api.wait_events(sid, ended, 40, "turn/end after the restart")
-    end = assert_one_clean_turn(evs)
-    stall = at(end) - outage.up_at
-    requests = requests_for(fake, text)
+    # Committed by then (polled every 0.1 s); an event's `at` is when it was
+    # made, which for a buffered append is before its commit.
+    stall = api.seen_at - outage.up_at
+    assert_one_clean_turn(evs)
+    requests = model.requests(text)
     errors = [s for s in api.statuses[n_status:] if s != 200]
     results = [e for e in evs if e["kind"] == "tool/result"]
     report(
         f"pg {case.name}: down {outage.length:.2f}s; turn/end {stall:.2f}s after PostgreSQL accepted again; "
-        f"model requests {requests} (steps {case.steps}); tool results {len(results)}; "
-        f"API GETs after the restart that failed: {len(errors)} {errors}"
+        f"model requests {len(requests)} (steps {case.steps}) at {rel(requests, outage.up_at)}; "
+        f"tool results {len(results)}; API GETs after the restart that failed: {len(errors)} {errors}"
     )
     report(f"pg {case.name} timeline (s from PostgreSQL up): {timeline(evs, outage.up_at)}")
     assert stall < RESUME_WITHIN, f"turn/end {stall:.2f}s after PostgreSQL returned\n{stack.logs()}"
-    assert requests <= case.steps + 1
+    assert len(requests) <= case.steps + 1
     if case.steps == 2:
         call_id = next(e for e in evs if e["kind"] == "assistant/message")["data"]["tool_calls"][0]["id"]
         assert [e["data"]["call_id"] for e in results] == [call_id], "one result for the owed call"
@@ -312,12 +343,13 @@ class RedisOutage:
     model_requests_during_outage: int
     create_status: int  # a new session created during the outage
     evs: list[dict[str, Any]]
-    requests_after: int
+    done_at: float  # the outage turn's turn/end was seen through the API
+    requests_after: list[float]  # when the model was asked for it
     socket: SocketWatcher
 
 
 @pytest.fixture(scope="module")
-def redis_outage(stack: Stack, api: Api, fake: FakeLLM) -> RedisOutage:
+def redis_outage(stack: Stack, api: Api, model: Model) -> RedisOutage:
     """One 20 s Redis outage, shared by the tests below: a turn before it, an
     input posted during it, the turn run after it, and a socket throughout."""
     sid = api.new_session()
@@ -339,25 +371,26 @@ def redis_outage(stack: Stack, api: Api, fake: FakeLLM) -> RedisOutage:
     except httpx.HTTPError:
         create_status = 0
     time.sleep(max(0.0, down_at + REDIS_OUTAGE - time.time()))
-    during = requests_for(fake, text)
+    during = len(model.requests(text))
     up_at = stack.redis.start()
     outage = Outage(down_at, up_at)
 
     evs = api.wait_events(sid, lambda evs: ended(evs, 2), 60, "the outage turn's turn/end")
+    done_at = api.seen_at
     # Anything that would run it a second time (a re-sent wake-up, the sweep) has had its chance.
     time.sleep(2.0)
     wait(lambda: socket.last_seq() >= evs[-1]["seq"], 15, "the socket to deliver the turn")
     socket.stop()
     return RedisOutage(
-        sid, text, outage, post_status, post_body, seconds, logged, during, create_status, evs,
-        requests_for(fake, text), socket,
+        sid, text, outage, post_status, post_body, seconds, logged, during, create_status, evs, done_at,
+        model.requests(text), socket,
     )  # fmt: skip
 
 
 def test_input_posted_while_redis_is_down_is_accepted_and_run_once(redis_outage: RedisOutage, stack: Stack) -> None:
     o = redis_outage
     ends = [e for e in o.evs if e["kind"] == "turn/end"]
-    done = at(ends[-1]) - o.outage.up_at
+    done = o.done_at - o.outage.up_at
     report(
         f"redis down {o.outage.length:.1f}s: POST input -> {o.post_status} in {o.post_seconds:.3f}s "
         f"({o.post_body[:120]}); in the log during the outage: {o.logged_during_outage}; "
@@ -365,7 +398,8 @@ def test_input_posted_while_redis_is_down_is_accepted_and_run_once(redis_outage:
     )
     report(
         f"redis: the outage turn's turn/end {done:.2f}s after Redis answered again; "
-        f"model requests for that input {o.requests_after} (during the outage {o.model_requests_during_outage})"
+        f"model requests for that input {len(o.requests_after)} at {rel(o.requests_after, o.outage.up_at)}"
+        f" (during the outage {o.model_requests_during_outage})"
     )
     report(f"redis timeline (s from Redis up): {timeline(o.evs, o.outage.up_at)}")
     assert o.post_status == 202, o.post_body
@@ -375,7 +409,7 @@ def test_input_posted_while_redis_is_down_is_accepted_and_run_once(redis_outage:
     assert seqs == list(range(1, len(seqs) + 1)), seqs
     assert [e["data"]["status"] for e in ends] == ["completed", "completed"]
     assert o.model_requests_during_outage == 0
-    assert o.requests_after == 1, "run once"
+    assert len(o.requests_after) == 1, "run once"
     assert done < RESUME_WITHIN, f"turn/end {done:.2f}s after Redis returned\n{stack.logs()}"
 
 
@@ -386,8 +420,8 @@ def test_session_socket_delivers_the_turn_after_the_redis_outage(redis_outage: R
     end_seq = [e for e in o.evs if e["kind"] == "turn/end"][-1]["seq"]
     received = next(t for t, frame in sock.events if frame["seq"] == end_seq)
     report(
-        f"socket: {sock.connects} connection(s), closes {[(round(t - o.outage.up_at, 2), c[:80]) for t, c in sock.closes]}; "
-        f"turn/end received {received - o.outage.up_at:.2f}s after Redis up; gaps/repeats {sock.repeats_or_gaps}"
+        f"socket: {sock.connects} connection(s), closes {[(rel([t], o.outage.up_at), c[:80]) for t, c in sock.closes]}"
+        f"; turn/end received {received - o.outage.up_at:.2f}s after Redis up; gaps/repeats {sock.repeats_or_gaps}"
     )
     assert seqs == list(range(1, len(seqs) + 1)), "no gaps, no repeats, across reconnects"
     assert seqs[-1] >= end_seq

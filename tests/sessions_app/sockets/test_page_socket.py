@@ -57,7 +57,7 @@ async def test_replays_from_after_then_follows_each_event_once_in_order(world):
     await db(log.append)(sid, "turn/start", {})
     more = await fragments_until(comm, lambda html: "ev-5" in html)
     assert appended(more) == [5]
-    assert 'id="chat-facts" class="chat-facts" hx-swap-oob="true"' in more[-1]
+    assert 'id="chat-facts" class="chat-facts" data-status="running" hx-swap-oob="true"' in more[-1]
     assert 'id="status" class="badge running"' in more[-1]  # the header follows the log
     assert 'id="approvals" class="approvals" aria-label="Pending approvals" hx-swap-oob="true"' in more[-1]
     await comm.disconnect()
