@@ -7,8 +7,9 @@ starts, all on free ports of 127.0.0.1 and under one temporary directory:
 - `PrivatePostgres`: a fresh cluster from `initdb` (the newest version under
   /usr/lib/postgresql), run by the `postgres` OS user when we are root
   (initdb refuses root), trust auth, fsync/synchronous_commit/full_page_writes
-  off; `stop()`, `start()`, `restart(gap)` (stop, wait `gap`, start) with the
-  moments it went down and accepted connections again;
+  off; `stop()`, `start()`, `restart(gap)` (stop, wait `gap`, start), which
+  return the moments it began shutting down and was ready again, read from
+  the server's own log;
 - `PrivateRedis`: a `redis-server` without persistence; `stop()` and
   `start()` on the same port;
 - the app against them, as `make dist` runs it: `manage.py migrate`, an admin
@@ -24,7 +25,9 @@ starts, all on free ports of 127.0.0.1 and under one temporary directory:
         stack.postgres.restart(gap=2.0)
 
 `missing()` says why the stack cannot run here (no PostgreSQL binaries, no
-redis-server, no `postgres` user), or None.
+redis-server, no `postgres` user), or None. Everything is stopped and the
+directory removed at exit; TERRET_KEEP_STACK=1 keeps the directory (the
+processes' logs are in its logs/, the server's in pg/server.log).
 """
 
 from __future__ import annotations
@@ -363,7 +366,7 @@ class Stack:
         *,
         llm_base_url: str,
         workers: int = 2,
-        concurrency: int = 50,
+        concurrency: int = 200,
         profiles: dict[str, dict[str, Any]] | None = None,
         **env: Any,
     ) -> None:

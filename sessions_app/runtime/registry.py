@@ -74,14 +74,20 @@ def ensure_agent(session_id: uuid.UUID, fence: Fence | None = None) -> AgentProf
     (evicting an idle agent when the registry is full). None: no slot could
     be made; the session waits, logged once as agent/waiting. NoProfile when
     the session names no profile."""
+    agent = Agent.objects.select_related("profile").filter(session_id=session_id).first()
+    if agent is not None:
+        return agent.profile
+    session = Session.objects.select_related("profile").get(id=session_id)
+    if session.profile is None:
+        raise NoProfile(f"session {session_id} names no agent profile")
+    if session.waiting_seq is not None:
+        # In the queue already: offer_slots hands slots out, oldest first, so
+        # a repeated wake-up neither jumps the queue nor contends for the lock.
+        return None
     with transaction.atomic():
         _lock()
-        agent = Agent.objects.select_related("profile").filter(session_id=session_id).first()
-        if agent is not None:
-            return agent.profile
-        session = Session.objects.select_related("profile").get(id=session_id)
-        if session.profile is None:
-            raise NoProfile(f"session {session_id} names no agent profile")
+        if Agent.objects.filter(session_id=session_id).exists():
+            return session.profile  # spawned for it meanwhile (offer_slots)
         live = Agent.objects.count()
         if live >= settings.TERRET_MAX_AGENTS and not _evict_one(exclude=session_id):
             if session.waiting_seq is None:

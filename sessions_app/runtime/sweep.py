@@ -24,6 +24,8 @@ a duplicate wake-up, which the lease makes harmless.
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -54,5 +56,28 @@ def sweep(*, at_start: bool = False) -> list[str]:
         # Last in the OR, so only a row whose lease is otherwise live reads
         # pg_locks (once per statement: the test is a hashed subplan).
         unowned |= Q(RawSQL(_GONE, [], output_field=BooleanField()))  # noqa: S611 - constant SQL
-    ids = found.filter(unowned).values_list("id", flat=True)[:SWEEP_BATCH]
-    return [str(i) for i in ids]
+    ids = [str(i) for i in found.filter(unowned).values_list("id", flat=True)[:SWEEP_BATCH]]
+    return ids if at_start else _not_woken_lately(ids)
+
+
+_woken: dict[str, float] = {}
+_woken_lock = threading.Lock()
+
+
+def _not_woken_lately(ids: list[str]) -> list[str]:
+    """The ids this process has not swept within TERRET_LEASE_SECONDS. A
+    wake-up stuck behind a backlog of them leaves the row unchanged, so
+    without this every round would queue one more duplicate per session:
+    a burst larger than the workers could take in a lease period would
+    multiply itself. One wake-up per session per lease period per process
+    still recovers a lost one."""
+    now = time.monotonic()
+    ttl = settings.TERRET_LEASE_SECONDS
+    with _woken_lock:
+        for sid, at in list(_woken.items()):
+            if now - at >= ttl:
+                del _woken[sid]
+        fresh = [sid for sid in ids if sid not in _woken]
+        for sid in fresh:
+            _woken[sid] = now
+    return fresh

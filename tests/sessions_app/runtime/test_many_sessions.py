@@ -16,6 +16,7 @@ from sessions_app import services
 from sessions_app.models import Agent, AgentProfile, Event, Session
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
+from tests.workers import DEFAULT_LEASES
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -27,13 +28,23 @@ def test_a_thousand_sessions_run_through_eight_agent_slots(
     start_worker: Any, fake_llm: Any, make_user: Any, settings: Any
 ) -> None:
     settings.TERRET_MAX_AGENTS = CAP
-    fake_llm.responder = lambda body: Reply(text="done", usage=(5, 1, None), latency=0.1)
+    seen = [0]
+
+    def respond(body: dict[str, Any]) -> Reply:
+        # The first turns hold every slot for a while, so the rest must wait
+        # for one (agent/waiting) and be handed freed slots, oldest first.
+        seen[0] += 1
+        return Reply(text="done", usage=(5, 1, None), latency=1.5 if seen[0] <= CAP else 0.02)
+
+    fake_llm.responder = respond
     profile = AgentProfile.objects.create(name="many", roles={"main": "test/model"}, allow_floor=["*"])
     owner = make_user()
     sessions = [Session(owner=owner, profile=profile) for _ in range(SESSIONS)]
     Session.objects.bulk_create(sessions)
     for worker in ("a", "b"):
-        start_worker(name=worker, concurrency=8, TERRET_MAX_AGENTS=str(CAP))
+        # Default lease and sweep settings: slots are handed on by the turns
+        # that free them, not found by a sweep.
+        start_worker(name=worker, concurrency=8, TERRET_MAX_AGENTS=str(CAP), **DEFAULT_LEASES)
 
     peak = [0]
     done = threading.Event()

@@ -43,7 +43,9 @@ def test_poison_turns_end_with_bounded_model_requests(
         if "FLAKY" in text:
             return Reply(status=500, error_message="upstream down")
         if "BIGREAD" in text:
-            return Reply(text="done") if "'tool'" in text else Reply(tool_calls=[("workspace.read", {"path": "big.txt"})])
+            return (
+                Reply(text="done") if "'tool'" in text else Reply(tool_calls=[("workspace.read", {"path": "big.txt"})])
+            )
         if "PARK400" in text:
             if "'tool'" in text:
                 return Reply(status=400, error_message="context length exceeded: 9999 > 8192")
@@ -69,7 +71,11 @@ def test_poison_turns_end_with_bounded_model_requests(
 
     flaky = services.create_session(owner, good)
     services.spawn_agent(flaky, good)
-    for kind, data in (("turn/start", {}), ("user/message", {"text": "FLAKY"}), ("step/start", {"step": 1, "model": "m"})):
+    for kind, data in (
+        ("turn/start", {}),
+        ("user/message", {"text": "FLAKY"}),
+        ("step/start", {"step": 1, "model": "m"}),
+    ):
         log.append(flaky.id, kind, data)  # what a worker killed mid-stream leaves
     services.inject(flaky.id, "are you back?", wake=True)
 

@@ -304,7 +304,11 @@ def test_a_stream_that_never_finishes_ends_at_its_deadline(
 
 @pytest.mark.parametrize(
     "reply",
-    [Reply(keepalive_forever=True), Reply(text="partial answer ", hang=True), Reply(text="z" * 10_000_000, chunk_delay=0.01)],
+    [
+        Reply(keepalive_forever=True),
+        Reply(text="partial answer ", hang=True),
+        Reply(text="z" * 10_000_000, chunk_delay=0.01),
+    ],
     ids=["keep-alive comments forever", "a silent hang", "a 10 MB answer streaming"],
 )
 def test_cancel_stops_every_kind_of_stuck_stream_within_a_second(
