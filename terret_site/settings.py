@@ -70,6 +70,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Innermost, so it sees the view's exceptions (lazy session and user loads included).
+    "terret_site.middleware.DatabaseOutageMiddleware",
 ]
 
 ROOT_URLCONF = "terret_site.urls"
@@ -189,6 +191,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TERRET_VISIBIL
 CELERY_TASK_DEFAULT_QUEUE = env_str("TERRET_QUEUE", "terret") or "terret"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Reconnect to a returning broker within a second, not kombu's 2..30 s waits.
+CELERY_WORKER_CONSUMER = "terret_site.broker:Consumer"
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 # --- runtime knobs ----------------------------------------------------------

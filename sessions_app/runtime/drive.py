@@ -76,9 +76,22 @@ def _drive_retrying(sid: uuid.UUID) -> tuple[Outcome, hooks.TurnFacts | None]:
             if not failures.is_database_outage(exc) or time.monotonic() + delay > deadline:
                 raise
             logger.warning("drive of %s: database unavailable (%s); retrying in %.2fs", sid, exc, delay)
-            connection.close()
+            _drop_dead_connections()
             time.sleep(delay)
             delay = min(delay * 2, DB_RETRY_MAX_SECONDS)
+
+
+def _drop_dead_connections() -> None:
+    """Close this thread's connection and, with a pool, have it check the
+    idle ones: after a restart every pooled connection is dead, and without
+    the check each retry would draw the next dead one. Only paid on an outage."""
+    pool = getattr(connection, "pool", None)
+    connection.close()
+    if pool is not None:
+        try:
+            pool.check()
+        except Exception:
+            logger.warning("checking the connection pool failed", exc_info=True)
 
 
 def _drive(sid: uuid.UUID, held: _Held | None = None) -> tuple[Outcome, hooks.TurnFacts | None]:

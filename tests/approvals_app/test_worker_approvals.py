@@ -83,7 +83,9 @@ def test_cancel_with_a_parked_call_under_a_worker(
     wait_until(lambda: pending(session.id), what="the call to park")
     assert services.cancel(session.id, by="owner")
     wait_until(lambda: data(session, "turn/end"), what="the turn to end")
-    assert data(session, "turn/end") == [{"status": "cancelled"}]
+    # Closed by the cancel itself (`by`) once the worker let the parked turn
+    # go, or by the worker if it still held the lease at that instant.
+    assert [e["status"] for e in data(session, "turn/end")] == ["cancelled"]
     assert pending(session.id) == []
     assert [r["verdict"] for r in data(session, "approval/resolved")] == ["deny"]
     assert data(session, "tool/result")[0]["is_error"] is True
