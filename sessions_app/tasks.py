@@ -26,11 +26,11 @@ from django.conf import settings
 from django.db import connection
 
 from sessions_app.llm import openai
-from sessions_app.runtime import lifecycle, liveness, registry
+from sessions_app.runtime import lifecycle, liveness
 from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.outcomes import Outcome
-from sessions_app.runtime.sweep import sweep
+from sessions_app.runtime.sweep import sweep, sweep_round
 
 log = logging.getLogger(__name__)
 
@@ -72,27 +72,7 @@ def _sweep_loop() -> None:
 
 
 def _sweep_round(first: bool) -> None:
-    """One round: turns nobody drives, idle agents, free slots. Each part on
-    its own, so one failing does not stop the others."""
-    try:
-        sweep_sessions(at_start=first)
-    except Exception:
-        log.exception("sweep failed")
-    finally:
-        connection.close()
-    try:
-        registry.reap_idle()
-    except Exception:
-        log.exception("reaping idle agents failed")
-    finally:
-        connection.close()
-    try:
-        for sid in registry.offer_slots():
-            send_drive(sid)
-    except Exception:
-        log.exception("offering agent slots failed")
-    finally:
-        connection.close()
+    sweep_round(at_start=first, wake=send_drive)
 
 
 def warm_up() -> None:

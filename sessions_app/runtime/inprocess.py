@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import connection
 
-from sessions_app.runtime import lifecycle, liveness, registry
+from sessions_app.runtime import lifecycle, liveness
 from sessions_app.runtime.drive import drive
-from sessions_app.runtime.sweep import sweep
+from sessions_app.runtime.sweep import sweep_round
 
 log = logging.getLogger(__name__)
 
@@ -90,27 +90,4 @@ def _sweep_forever() -> None:
 
 
 def _sweep_round(first: bool) -> None:
-    """Turns nobody drives, idle agents, free slots: each part on its own, so
-    one failing does not stop the others."""
-    try:
-        # The first sweep also takes turns admitted but never claimed:
-        # their wake-ups were queued in a process now gone.
-        for sid in sweep(at_start=first):
-            submit(sid)
-    except Exception:
-        log.exception("sweep failed")
-    finally:
-        connection.close()
-    try:
-        registry.reap_idle()
-    except Exception:
-        log.exception("reaping idle agents failed")
-    finally:
-        connection.close()
-    try:
-        for sid in registry.offer_slots():
-            submit(sid)
-    except Exception:
-        log.exception("offering agent slots failed")
-    finally:
-        connection.close()
+    sweep_round(at_start=first, wake=submit)

@@ -24,8 +24,10 @@ a duplicate wake-up, which the lease makes harmless.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -35,7 +37,10 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
+from sessions_app.runtime import registry
 from sessions_app.runtime.lease import process_gone
+
+logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 500
 _GONE = process_gone(f"{Session._meta.db_table}.lease_process")
@@ -81,3 +86,27 @@ def _not_woken_lately(ids: list[str]) -> list[str]:
         for sid in fresh:
             _woken[sid] = now
     return fresh
+
+
+def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
+    """One round of a worker's sweeper: turns nobody drives, idle agents,
+    free agent slots, each woken with `wake`. Each part on its own, so one
+    failing does not stop the others."""
+    parts: list[tuple[str, Callable[[], list[str]]]] = [
+        ("sweep", lambda: sweep(at_start=at_start)),
+        ("reaping idle agents", _reap),
+        ("offering agent slots", registry.offer_slots),
+    ]
+    for what, part in parts:
+        try:
+            for sid in part():
+                wake(sid)
+        except Exception:
+            logger.exception("%s failed", what)
+        finally:
+            connection.close()
+
+
+def _reap() -> list[str]:
+    registry.reap_idle()
+    return []  # a disposal wakes nobody; offering the slots it freed does
