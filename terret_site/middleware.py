@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from sessions_app.runtime import failures
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +33,6 @@ class DatabaseOutageMiddleware:
         if not isinstance(exc, OperationalError | InterfaceError):
             return None
         logger.warning("%s %s: database unavailable (%s)", request.method, request.path, exc)
-        pool = getattr(connection, "pool", None)
-        connection.close()
-        if pool is not None:
-            try:
-                pool.check()
-            except Exception:
-                logger.warning("checking the connection pool failed", exc_info=True)
+        failures.drop_dead_connections()
         body = {"code": "database_unavailable", "message": "the database is unavailable; retry shortly"}
         return JsonResponse(body, status=503, headers={"Retry-After": "1"})

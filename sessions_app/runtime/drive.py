@@ -21,7 +21,6 @@ import uuid
 from dataclasses import replace
 
 from django.conf import settings
-from django.db import connection
 
 from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
@@ -76,22 +75,9 @@ def _drive_retrying(sid: uuid.UUID) -> tuple[Outcome, hooks.TurnFacts | None]:
             if not failures.is_database_outage(exc) or time.monotonic() + delay > deadline:
                 raise
             logger.warning("drive of %s: database unavailable (%s); retrying in %.2fs", sid, exc, delay)
-            _drop_dead_connections()
+            failures.drop_dead_connections()
             time.sleep(delay)
             delay = min(delay * 2, DB_RETRY_MAX_SECONDS)
-
-
-def _drop_dead_connections() -> None:
-    """Close this thread's connection and, with a pool, have it check the
-    idle ones: after a restart every pooled connection is dead, and without
-    the check each retry would draw the next dead one. Only paid on an outage."""
-    pool = getattr(connection, "pool", None)
-    connection.close()
-    if pool is not None:
-        try:
-            pool.check()
-        except Exception:
-            logger.warning("checking the connection pool failed", exc_info=True)
 
 
 def _drive(sid: uuid.UUID, held: _Held | None = None) -> tuple[Outcome, hooks.TurnFacts | None]:

@@ -12,11 +12,14 @@ itself (drive.py), because the turn is not what failed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 
 from sessions_app.llm.types import ModelError
+
+logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 600
 
@@ -29,6 +32,20 @@ class Failure:
 
 def is_database_outage(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
+
+
+def drop_dead_connections() -> None:
+    """After a database outage: close this thread's connection and, with a
+    pool, have it check the idle ones. After a restart every pooled
+    connection is dead, and without the check each retry (or request) would
+    draw the next dead one. Only paid on an outage."""
+    pool = getattr(connection, "pool", None)
+    connection.close()
+    if pool is not None:
+        try:
+            pool.check()
+        except Exception:
+            logger.warning("checking the connection pool failed", exc_info=True)
 
 
 def classify(exc: BaseException) -> Failure:

@@ -50,6 +50,10 @@ def new_session(owner: Any, *, spawned: bool = True) -> Session:
     return session
 
 
+def session_url(session: Session, tail: str = "") -> str:
+    return f"/api/sessions/{session.id}{tail}"
+
+
 def park_calls(session_id: uuid.UUID, *call_ids: str) -> None:
     """An open turn with `call_ids` waiting for approval, as the loop leaves it."""
     log.append(session_id, "turn/start", {"by": "test"})

@@ -17,26 +17,14 @@ from tests.sessions_app.apiutil import (
     event_count,
     head,
     make_reviewer,
-    new_session,
     park_calls,
     token_for,
 )
+from tests.sessions_app.apiutil import (
+    session_url as url,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
-
-
-@pytest.fixture
-def auth(owner):
-    return bearer(token_for(owner))
-
-
-@pytest.fixture
-def session(owner):
-    return new_session(owner)
-
-
-def url(session, tail=""):
-    return f"/api/sessions/{session.id}{tail}"
 
 
 # ---------------------------------------------------------------- schema and routing

@@ -23,22 +23,11 @@ from tests.sessions_app.apiutil import (
     park_calls,
     token_for,
 )
+from tests.sessions_app.apiutil import (
+    session_url as url,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
-
-
-@pytest.fixture
-def auth(owner):
-    return bearer(token_for(owner))
-
-
-@pytest.fixture
-def session(owner):
-    return new_session(owner)
-
-
-def url(session, tail=""):
-    return f"/api/sessions/{session.id}{tail}"
 
 
 def test_an_idle_session_is_neither_blocked_nor_waiting(client, auth, session):
