@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.test import Client
+
 from sessions_app.models import Event, Session
 
 
@@ -35,3 +37,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def client_for(user: Any, **kwargs: Any) -> Client:
+    """A Django test client signed in as `user`."""
+    c = Client(**kwargs)
+    c.force_login(user)
+    return c

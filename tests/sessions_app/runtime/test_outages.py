@@ -39,6 +39,7 @@ import pytest
 
 from tests import stack as stack_module
 from tests.fakes.fake_llm import FakeLLM, Reply
+from tests.helpers import wait_for
 from tests.stack import Outage, Stack
 
 pytestmark = [pytest.mark.worker]
@@ -229,16 +230,6 @@ def timeline(evs: list[dict[str, Any]], origin: float) -> str:
     return ", ".join(f"{e['seq']}:{e['kind']}@{at(e) - origin:+.2f}" for e in evs)
 
 
-def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 # -- Redis stopped for 20 s ----------------------------------------------------------------
 
 
@@ -324,12 +315,12 @@ def redis_outage(stack: Stack, api: Api, model: Model) -> RedisOutage:
     assert api.post_input(sid, warm)[0].status_code == 202
     head = len(api.wait_events(sid, ended, 20, "the first turn"))
     socket = SocketWatcher(stack, sid).start()
-    wait(lambda: socket.last_seq() >= head, 10, "the socket's replay")
+    wait_for(lambda: socket.last_seq() >= head, 10, "the socket's replay")
     inflight_sid = api.new_session()
     inflight = f"streaming when redis stops {time.monotonic_ns()}"
     model.plans[inflight] = streamed(3.0)
     assert api.post_input(inflight_sid, inflight)[0].status_code == 202
-    wait(lambda: model.requests(inflight), 15, "the in-flight turn's model request")
+    wait_for(lambda: model.requests(inflight), 15, "the in-flight turn's model request")
 
     down_at = stack.redis.stop()
     try:
@@ -357,7 +348,7 @@ def redis_outage(stack: Stack, api: Api, model: Model) -> RedisOutage:
     evs = api.wait_events(sid, lambda evs: ended(evs, 2), 30, "the outage turn's turn/end")
     # Anything that would run it a second time (a re-sent wake-up, the sweep) has had its chance.
     time.sleep(2.0)
-    wait(lambda: socket.last_seq() >= evs[-1]["seq"], 15, "the socket to deliver the turn")
+    wait_for(lambda: socket.last_seq() >= evs[-1]["seq"], 15, "the socket to deliver the turn")
     socket.stop()
     return RedisOutage(
         sid, text, outage, post_status, post_body, seconds, logged, during, create_status, evs, done_at,
@@ -514,7 +505,7 @@ def test_postgres_restart_mid_turn_resumes_within_seconds(stack: Stack, api: Api
 
     assert case.trigger in ("model-request", "tool")
     if case.trigger == "model-request":
-        wait(lambda: model.requests(text), 15, "the model request")
+        wait_for(lambda: model.requests(text), 15, "the model request")
     else:
         api.wait_events(sid, lambda evs: any(e["kind"] == "assistant/message" for e in evs), 15, "the tool call")
     time.sleep(case.delay)

@@ -38,6 +38,19 @@ def ended(session: Session) -> dict[str, Any]:
     return end
 
 
+def drive_while_streaming(session: Session, fake_llm: Any, streamed: float) -> tuple[threading.Thread, list[str]]:
+    """A drive in a thread of its own, returned once its model call has
+    streamed for `streamed` seconds; the list receives its outcome."""
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(drive(session.id)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not fake_llm.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(streamed)
+    return worker, outcome
+
+
 def drive_until_quiet(session: Session, rounds: int = 20) -> list[str]:
     """Drive like a sweep would, ignoring backoff, until nothing is owed."""
     outcomes = []
@@ -233,13 +246,7 @@ def test_cancel_mid_stream_stops_within_a_second_and_keeps_the_partial_text(
     settings.TERRET_CANCEL_POLL_SECONDS = 0.1
     fake_llm.script(Reply(text="word " * 400, chunk_delay=0.05))  # about 20 s of streaming
     services.run_turn(session.id, "talk")
-    outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(drive(session.id)))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not fake_llm.requests and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # some text has streamed
+    worker, outcome = drive_while_streaming(session, fake_llm, streamed=1.0)
     cancelled_at = time.monotonic()
     assert services.cancel(session.id, by="owner")
     worker.join(5)
@@ -317,13 +324,7 @@ def test_cancel_stops_every_kind_of_stuck_stream_within_a_second(
     settings.TERRET_CANCEL_POLL_SECONDS = 0.2
     fake_llm.script(reply)
     services.run_turn(session.id, "talk")
-    outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(drive(session.id)))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not fake_llm.requests and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    worker, outcome = drive_while_streaming(session, fake_llm, streamed=0.5)
     cancelled_at = time.monotonic()
     services.cancel(session.id)
     worker.join(5)

@@ -15,8 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from sessions_app import log
-from tests.sessions_app.apiutil import head, new_session, token_for
-from tests.sessions_app.liveserver import DaphneProcess
+from tests.sessions_app.apiutil import head
 from tests.sessions_app.sockutil import db
 
 pytestmark = [
@@ -25,20 +24,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(300),
 ]
-
-
-@pytest.fixture
-def daphne(transactional_db):
-    server = DaphneProcess().start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
-def world(make_user):
-    owner = make_user("owner")
-    session = new_session(owner)
-    return {"sid": session.id, "token": token_for(owner)}
 
 
 def queue(sid, n, prefix="m"):

@@ -20,7 +20,6 @@ from websockets.asyncio.client import connect
 
 from sessions_app import log
 from tests.sessions_app.apiutil import new_session, token_for
-from tests.sessions_app.liveserver import DaphneProcess
 from tests.sessions_app.sockutil import db
 
 pytestmark = [
@@ -33,13 +32,6 @@ pytestmark = [
 ROW = re.compile(r'<li id="ev-(\d+)"')
 # 800,000 characters, 1.6 MB in UTF-8: over the limit in bytes, not in characters.
 HUGE = "ü" * 800_000
-
-
-@pytest.fixture
-def daphne(transactional_db):
-    server = DaphneProcess().start()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

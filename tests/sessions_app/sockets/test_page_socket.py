@@ -12,20 +12,13 @@ import pytest
 
 from sessions_app import log
 from sessions_app.log import hints
-from tests.sessions_app.apiutil import make_reviewer, new_session, token_for
+from tests.sessions_app.apiutil import make_reviewer, token_for
 from tests.sessions_app.sockutil import closed_with, db, fresh_channel_layer, open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 _ = fresh_channel_layer  # an autouse fixture
 
 APPENDED = re.compile(r'<ol hx-swap-oob="beforeend:#log">\s*<li id="ev-(\d+)"')
-
-
-@pytest.fixture
-def world(make_user):
-    owner = make_user("owner")
-    session = new_session(owner)
-    return {"owner": owner, "sid": session.id, "token": token_for(owner)}
 
 
 def path(world, after=0, token=None):

@@ -23,7 +23,7 @@ from sessions_app.sockets import hub
 from sessions_app.sockets import session as consumers
 from sessions_app.sockets.auth import SocketAuthStack
 from sessions_app.sockets.session import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
-from tests.sessions_app.apiutil import head, new_session, token_for
+from tests.sessions_app.apiutil import head, token_for
 from tests.sessions_app.sockutil import (
     closed_with,
     cookie_headers,
@@ -39,13 +39,6 @@ from tests.sessions_app.sockutil import (
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 _ = fresh_channel_layer  # an autouse fixture
-
-
-@pytest.fixture
-def world(make_user):
-    owner = make_user("owner")
-    session = new_session(owner)
-    return {"owner": owner, "sid": session.id, "token": token_for(owner)}
 
 
 def path(world, after=None, token=None):

@@ -10,18 +10,11 @@ from datetime import datetime
 import pytest
 
 from sessions_app import log
-from tests.sessions_app.apiutil import block_turn, head, make_reviewer, new_session, token_for
+from tests.sessions_app.apiutil import block_turn, head, make_reviewer, token_for
 from tests.sessions_app.sockutil import db, events_of, fresh_channel_layer, open_socket, recv, recv_until, send, synced
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 _ = fresh_channel_layer  # an autouse fixture
-
-
-@pytest.fixture
-def world(make_user):
-    owner = make_user("owner")
-    session = new_session(owner)
-    return {"owner": owner, "sid": session.id, "token": token_for(owner)}
 
 
 def path(world, token=None, after=None):

@@ -13,28 +13,14 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from sessions_app import log, services
+from sessions_app import log
 from sessions_app.log.reads import event_frames
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import Session
 from sessions_app.web.present import META_KINDS, STATUS_LABELS, ChatFollower
-from tests.helpers import kinds
+from tests.helpers import client_for, kinds
 from tests.sessions_app.apiutil import block_turn, make_reviewer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
-
-
-@pytest.fixture
-def chat(owner: Any) -> Session:
-    profile, _ = AgentProfile.objects.get_or_create(name="demo", defaults={"builtin_tools": ["clock.now"]})
-    session = services.create_session(owner, profile)
-    services.spawn_agent(session, profile)
-    return session
-
-
-def client_for(user: Any, **kwargs: Any) -> Client:
-    c = Client(**kwargs)
-    c.force_login(user)
-    return c
 
 
 def page(c: Client, session: Session) -> str:

@@ -14,7 +14,7 @@ from django.urls import reverse
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.web.sessions import PAGE_SIZE
-from tests.helpers import kinds
+from tests.helpers import client_for, kinds
 
 pytestmark = pytest.mark.django_db
 
@@ -27,20 +27,6 @@ def profile(db: Any) -> AgentProfile:
         defaults={"builtin_tools": ["clock.now"], "allow_floor": ["clock.*"], "description": "demo profile"},
     )
     return prof
-
-
-@pytest.fixture
-def chat(owner: Any, profile: AgentProfile) -> Session:
-    """A session with its agent spawned already (its log starts with agent/spawned)."""
-    session = services.create_session(owner, profile)
-    services.spawn_agent(session, profile)
-    return session
-
-
-def client_for(user: Any, **kwargs: Any) -> Client:
-    c = Client(**kwargs)
-    c.force_login(user)
-    return c
 
 
 def classes_of(page: str, seq: int) -> set[str]:
