@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import Header, NinjaAPI, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -74,6 +75,14 @@ def _validation_message(exc: ValidationError) -> str:
         loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "payload", "query", "path", "header")]
         parts.append(f"{'.'.join(loc) or 'body'}: {error.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request"
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def _database_outage(request: HttpRequest, exc: Exception) -> HttpResponse:
+    # Not ninja's (a 500, or a traceback with DEBUG on): terret_site/middleware.py
+    # answers a database outage 503 with Retry-After, for pages and API alike.
+    raise exc
 
 
 @api.exception_handler(TerretError)
