@@ -20,7 +20,7 @@ from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
 from sessions_app.runtime import admission, dispatch
 from sessions_app.runtime.closing import closing_entries
-from sessions_app.services.sessions import lease_live
+from sessions_app.runtime.registry import lease_live
 
 MAX_INPUT_CHARS = 100_000
 

@@ -42,9 +42,6 @@ def dispose_agent(agent_id: str, *, reason: str = "operator", by: str = "") -> N
         dispatch.wake(sid)
 
 
-lease_live = registry.lease_live
-
-
 def set_model(session_id: uuid.UUID | str, role: str, spec: str, *, by: str = "") -> log.AppendedEvent:
     """Repoint a model role for this session, in force from the next step."""
     if role not in MODEL_ROLES:

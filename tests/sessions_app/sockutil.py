@@ -93,3 +93,13 @@ def cookie_headers(user: Any) -> list[tuple[bytes, bytes]]:
 
 async def send(comm: Any, frame: Any) -> None:
     await comm.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
+
+
+async def frames_until(ws: Any, predicate: Any, timeout: float = 30) -> list[dict[str, Any]]:  # noqa: ASYNC109
+    """JSON frames from a websockets client until one meets `predicate`, that one included."""
+    frames: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout):
+        while True:
+            frames.append(json.loads(await ws.recv()))
+            if predicate(frames[-1]):
+                return frames

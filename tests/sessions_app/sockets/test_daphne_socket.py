@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from sessions_app import log
 from tests.sessions_app.apiutil import head
-from tests.sessions_app.sockutil import db
+from tests.sessions_app.sockutil import db, frames_until
 
 pytestmark = [
     pytest.mark.postgres,
@@ -29,15 +29,6 @@ pytestmark = [
 def queue(sid, n, prefix="m"):
     for i in range(n):
         log.append(sid, "input/queued", {"text": f"{prefix}{i}", "wake": False})
-
-
-async def frames_until(ws: Any, predicate: Any, timeout: float = 20) -> list[dict[str, Any]]:  # noqa: ASYNC109
-    frames: list[dict[str, Any]] = []
-    async with asyncio.timeout(timeout):
-        while True:
-            frames.append(json.loads(await ws.recv()))
-            if predicate(frames[-1]):
-                return frames
 
 
 def seqs(frames: list[dict[str, Any]]) -> list[int]:

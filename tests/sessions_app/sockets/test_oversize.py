@@ -9,7 +9,6 @@ end the connection instead."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any
 
@@ -20,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from sessions_app import log
 from tests.sessions_app.apiutil import new_session, token_for
-from tests.sessions_app.sockutil import db
+from tests.sessions_app.sockutil import db, frames_until
 
 pytestmark = [
     pytest.mark.postgres,
@@ -50,15 +49,6 @@ def small(sid, text):
 
 def huge_result(sid, content=HUGE):
     return log.append(sid, "tool/result", {"call_id": "c1", "name": "workspace.read", "content": content}).seq
-
-
-async def frames_until(ws: Any, predicate: Any, timeout: float = 30) -> list[dict[str, Any]]:  # noqa: ASYNC109
-    frames: list[dict[str, Any]] = []
-    async with asyncio.timeout(timeout):
-        while True:
-            frames.append(json.loads(await ws.recv()))
-            if predicate(frames[-1]):
-                return frames
 
 
 def events(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
