@@ -39,11 +39,13 @@ class _StopWatch:
         """Set `abort` (CANCELLED) if the session's turn is cancelled while the block runs."""
         key = id(abort)
         with self._lock:
+            idle = not self._calls
             self._calls[key] = (session_id, abort)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="terret-stop-watch", daemon=True)
                 self._thread.start()
-        self._wake.set()
+        if idle:
+            self._wake.set()  # the first call after an idle spell: the watch starts a full interval
         try:
             yield abort
         finally:
@@ -53,18 +55,24 @@ class _StopWatch:
     def _run(self) -> None:
         while True:
             with self._lock:
-                calls = list(self._calls.values())
-            if not calls:
-                self._wake.wait(5.0)
+                active = bool(self._calls)
+            if not active:
+                self._wake.wait()
                 self._wake.clear()
                 continue
+            # One read per interval for every call in flight; a call that
+            # starts the process's activity restarts the interval.
+            if self._wake.wait(settings.TERRET_CANCEL_POLL_SECONDS):
+                self._wake.clear()
+                continue
+            with self._lock:
+                calls = list(self._calls.values())
             try:
                 self._poll(calls)
             except Exception:
                 logger.exception("polling %d model calls for cancels failed", len(calls))
             finally:
                 connection.close()
-            threading.Event().wait(settings.TERRET_CANCEL_POLL_SECONDS)
 
     def _poll(self, calls: list[tuple[uuid.UUID, Abort]]) -> None:
         ids = {sid for sid, _ in calls}

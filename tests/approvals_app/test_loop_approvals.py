@@ -228,9 +228,15 @@ def test_cancel_with_parked_calls(fake_llm: Any, session: Session, reviewer: Any
     assert len(fake_llm.requests) == 1
 
 
-def test_cancel_while_the_model_streams_leaves_no_request_behind(fake_llm: Any, session: Session) -> None:
+def test_cancel_while_the_model_streams_leaves_no_request_behind(
+    fake_llm: Any, session: Session, settings: Any
+) -> None:
     """cancel() lands while the worker waits on the model; the reply then asks
     for a mutating call. No approval/requested may follow the cancel."""
+    # The reply must win the race with the stop watch here (which would cut
+    # the stream: test_turns_end.py covers that path), so the watch does not
+    # look again before the reply is in.
+    settings.TERRET_CANCEL_POLL_SECONDS = 3600
     release = threading.Event()
     fake_llm.script(Reply(text="thinking", tool_calls=[WRITE_A], hang=release))
     services.run_turn(session.id, "write")
