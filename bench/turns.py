@@ -191,15 +191,23 @@ def last_turn_end(ids: list[Any]) -> float:
     return float(at.timestamp())
 
 
-def case_a(turns: int) -> tuple[float, float]:
+# (a)'s tool per step: the inline no-op (the headline), or an external call
+# (debug.sleep 0 s: the same work, but it is not inline, so each step also
+# commits the call's message and its intent before running it).
+TOOLS_A = {"noop": ("debug.noop", {}), "external": ("debug.sleep", {"seconds": 0})}
+
+
+def case_a(turns: int, tool: str = "noop") -> tuple[float, float]:
     from sessions_app import services
     from sessions_app.models import Event
     from tests.fakes.fake_llm import FakeLLM, Reply
 
+    name, arguments = TOOLS_A[tool]
+
     def respond(body: dict[str, Any]) -> Reply:
         tool_results = sum(1 for m in body["messages"] if m.get("role") == "tool")
         if tool_results < 24:
-            return Reply(tool_calls=[("debug.noop", {})], usage=(10, 2, 0.0))
+            return Reply(tool_calls=[(name, arguments)], usage=(10, 2, 0.0))
         return Reply(text="done", usage=(10, 2, 0.0))
 
     with FakeLLM(respond) as fake:
@@ -207,7 +215,7 @@ def case_a(turns: int) -> tuple[float, float]:
         try:
             wait_ready(worker)
             settle([worker])
-            sessions = make_sessions(turns, "bench-a", ["debug.noop"])
+            sessions = make_sessions(turns, f"bench-a-{tool}", [name])
             per_step: list[float] = []
             cpu_before = cpu_seconds(worker.pid)
             for s in sessions:
@@ -496,16 +504,18 @@ def main() -> int:
     parser.add_argument("--latency-b", type=float, default=1.0)
     parser.add_argument("--repeats-b", type=int, default=3)
     parser.add_argument("--only", choices=["a", "b", "c"])
+    parser.add_argument("--tool-a", choices=sorted(TOOLS_A), default="noop", help="(a)'s tool per step")
     args = parser.parse_args()
     url = scratch_database("terret_bench_turns")
     purge()
     ok = True
     if args.only in (None, "a"):
         raw = raw_append_latency(url)
-        median, model = case_a(args.turns_a)
+        median, model = case_a(args.turns_a, args.tool_a)
         overhead = median - model
         print(f"(a) raw append (lock+insert+commit): {raw:.2f} ms")
-        print(f"(a) step, 25-step turns through a worker (instant model, no-op tool): median {median:.2f} ms")
+        tool = "no-op tool" if args.tool_a == "noop" else "external tool: debug.sleep 0 s"
+        print(f"(a) step, 25-step turns through a worker (instant model, {tool}): median {median:.2f} ms")
         print(f"(a) the model call alone (same adapter, server and requests, no runtime): median {model:.2f} ms")
         print(f"(a) runtime overhead per step (step - model call): {overhead:.2f} ms")
         met = overhead / raw <= TARGET_A

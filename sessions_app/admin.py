@@ -124,19 +124,23 @@ class StatusFilter(admin.SimpleListFilter):
             ("idle", "idle"),
             ("running", "running"),
             ("waiting_approval", "waiting for approval"),
+            ("waiting_reconcile", "waiting for an operator"),
             ("blocked", "blocked"),
             ("waiting_slot", "waiting for an agent slot"),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> QuerySet[Session]:
+        # In Session.status's order: blocked, then waiting_reconcile, then waiting_approval.
         open_turn = Q(open_turn_seq__isnull=False)
         match self.value():
             case "idle":
                 return queryset.filter(open_turn_seq__isnull=True)
             case "running":
-                return queryset.filter(open_turn, blocked_seq__isnull=True, pending_approvals=0)
+                return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0)
             case "waiting_approval":
-                return queryset.filter(open_turn, blocked_seq__isnull=True, pending_approvals__gt=0)
+                return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals__gt=0)
+            case "waiting_reconcile":
+                return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects__gt=0)
             case "blocked":
                 return queryset.filter(open_turn, blocked_seq__isnull=False)
             case "waiting_slot":
@@ -159,7 +163,8 @@ class SessionAdmin(admin.ModelAdmin[Session]):
 
     @admin.display(description="status")
     def status(self, session: Session) -> str:
-        """idle, running, waiting for approval or blocked; and whether its work waits for an agent slot."""
+        """idle, running, waiting for approval, waiting for an operator or blocked; and whether its work
+        waits for an agent slot."""
         label = status_label(session.status)
         return f"{label} (waiting for an agent slot)" if session.waiting_seq is not None else label
 

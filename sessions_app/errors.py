@@ -137,6 +137,24 @@ class AlreadyDecided(TerretError):
     status = 409
 
 
+# -- the effect ledger
+
+
+class UnknownEffect(TerretError):
+    """No attempt of this call is on record in this session."""
+
+    code = "unknown_effect"
+    status = 404
+
+
+class EffectNotPending(TerretError):
+    """The call has no attempt of unknown outcome left to resolve (it has its
+    outcome, or someone resolved it first), or the action cannot apply."""
+
+    code = "effect_not_pending"
+    status = 409
+
+
 # -- policies
 
 

@@ -97,6 +97,10 @@ class Session(models.Model):
     blocked_seq = models.BigIntegerField(null=True, blank=True)
     cancel_seq = models.BigIntegerField(null=True, blank=True)
     waiting_seq = models.BigIntegerField(null=True, blank=True)
+    # The open turn's attempts of unknown outcome (tool/unknown) that no
+    # operator has resolved yet; while any is, the turn waits (status
+    # waiting_reconcile). A turn/end starts it over.
+    unknown_effects = models.IntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -116,11 +120,13 @@ class Session(models.Model):
 
     @property
     def status(self) -> str:
-        """idle, running, waiting_approval or blocked, derived from the log's projections."""
+        """idle, running, waiting_approval, waiting_reconcile or blocked, derived from the log's projections."""
         if self.open_turn_seq is None:
             return "idle"
         if self.blocked_seq is not None:
             return "blocked"
+        if self.unknown_effects > 0:
+            return "waiting_reconcile"
         if self.pending_approvals > 0:
             return "waiting_approval"
         return "running"

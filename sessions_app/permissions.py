@@ -3,11 +3,15 @@
 - view: the owner, staff, and reviewers (users with approvals_app.decide_approval)
 - drive (chat, inject, cancel, set the policy or a model, compact): the owner and staff
 - approve/deny: reviewers (the permission) who may view the session
+- resolve an effect of unknown outcome (re-run it, mark it done or failed):
+  staff; the owner too when the setting TERRET_OWNER_MAY_RESOLVE is on
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from django.conf import settings
 
 APPROVE_PERM = "approvals_app.decide_approval"
 
@@ -30,6 +34,16 @@ def can_drive(user: Any, session: Any) -> bool:
 
 def can_approve(user: Any, session: Any) -> bool:
     return is_reviewer(user) and can_view(user, session)
+
+
+def owner_may_resolve() -> bool:
+    return bool(settings.TERRET_OWNER_MAY_RESOLVE)
+
+
+def can_resolve(user: Any, session: Any) -> bool:
+    if not can_drive(user, session):
+        return False
+    return bool(user.is_staff or (owner_may_resolve() and session.owner_id == user.pk))
 
 
 def visible_sessions(user: Any, queryset: Any) -> Any:

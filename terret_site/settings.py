@@ -225,6 +225,9 @@ TERRET_CANCEL_POLL_SECONDS = env_float("TERRET_CANCEL_POLL_SECONDS", 0.5, minimu
 TERRET_LIVENESS_POLL_SECONDS = env_float("TERRET_LIVENESS_POLL_SECONDS", 0.5, minimum=0.05)
 # An agent with no turn for this long is disposed of; the next stimulus respawns it.
 TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimum=1.0)
+# Whether a session's owner may resolve its effects of unknown outcome (re-run a tool
+# call, or record it done or failed); staff always may (docs/protocol.md).
+TERRET_OWNER_MAY_RESOLVE = env_bool("TERRET_OWNER_MAY_RESOLVE", False)
 # What the log keeps of model output and tool results (longer text is cut, with a
 # marker), and the ceiling on one event's JSON, below what a socket frame may carry.
 TERRET_MAX_MODEL_TEXT_CHARS = env_int("TERRET_MAX_MODEL_TEXT_CHARS", 100_000, minimum=1000)

@@ -7,6 +7,10 @@ returns a JSON-ready dict. Failures are TerretErrors (see api/errors.py).
 
 A session the user may not view is reported exactly like a missing one, so
 ids cannot be probed; one the user may view but not act on is `not_allowed`.
+
+Resolving an effect of unknown outcome (`resolve`) is an operator's call:
+staff, and the session's owner only where TERRET_OWNER_MAY_RESOLVE is on
+(`permissions.can_resolve`, which the session page asks too).
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from sessions_app.api.errors import NotAllowed, UnknownSession
 from sessions_app.errors import InvalidInput
 from sessions_app.log.reads import blocked_info, events_page, usage, waiting_info
 from sessions_app.models import AgentProfile, Session
-from sessions_app.permissions import can_approve, can_drive, can_view
+from sessions_app.permissions import can_approve, can_drive, can_resolve, can_view, owner_may_resolve
 from sessions_app.services import compaction
+from sessions_app.services import effects as effect_services
 
-Need = Literal["view", "drive", "approve"]
+Need = Literal["view", "drive", "approve", "resolve"]
 
 
 def parse_session_id(value: Any) -> uuid.UUID:
@@ -47,6 +52,11 @@ def session_for(user: Any, session_id: Any, need: Need) -> Session:
         raise NotAllowed("only the session's owner or staff may do that")
     if need == "approve" and not can_approve(user, session):
         raise NotAllowed("deciding approvals needs the approve permission")
+    if need == "resolve" and not can_resolve(user, session):
+        raise NotAllowed(
+            "resolving an effect of unknown outcome needs staff"
+            + ("" if owner_may_resolve() else " (owners may not: TERRET_OWNER_MAY_RESOLVE is off)")
+        )
     return session
 
 
@@ -86,11 +96,13 @@ def _iso(info: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def health(session: Session) -> dict[str, Any]:
     """status, and `blocked` {reason, attempts, since} / `waiting` {reason,
-    since} (each None unless the session is in that state), JSON-ready."""
+    since} (each None unless the session is in that state), and the open
+    turn's count of unresolved attempts of unknown outcome, JSON-ready."""
     return {
         "status": session.status,
         "blocked": _iso(blocked_info(session)),
         "waiting": _iso(waiting_info(session)),
+        "unknown_effects": session.unknown_effects,
     }
 
 
@@ -143,6 +155,14 @@ def events(user: Any, session_id: Any, after: int, limit: int) -> dict[str, Any]
     return {"events": page, "last_seq": head(session.id)}
 
 
+def effects(user: Any, session_id: Any) -> dict[str, Any]:
+    """The session's effect ledger: every attempt, oldest first, and how many
+    wait for an operator (state unknown)."""
+    session = session_for(user, session_id, "view")
+    rows = effect_services.effects(session.id)
+    return {"effects": [e.as_json() for e in rows], "pending": sum(1 for e in rows if e.state == "unknown")}
+
+
 # ---------------------------------------------------------------- actions
 
 
@@ -190,6 +210,19 @@ def retry(user: Any, session_id: Any) -> dict[str, Any]:
     services.retry(session.id, by=_by(user))
     fresh = Session.objects.filter(id=session.id).first()
     return {"status": (fresh or session).status}
+
+
+def resolve(
+    user: Any, session_id: Any, call_id: str, action: str, result: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
+    """Answer the newest unknown attempt of `call_id` (effect_services.resolve):
+    the attempt as it was, and the session's status after it."""
+    session = session_for(user, session_id, "resolve")
+    effect = effect_services.resolve(
+        session.id, call_id, action, result=result or "", reason=reason or "", by=_by(user)
+    )
+    fresh = Session.objects.filter(id=session.id).first()
+    return {"resolved": effect.as_json(), "status": (fresh or session).status}
 
 
 def compact(user: Any, session_id: Any) -> dict[str, Any]:

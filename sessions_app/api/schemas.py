@@ -12,8 +12,10 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sessions_app.log.catalogue import MODEL_ROLES, has_nul
+from sessions_app.log.catalogue import MODEL_ROLES, RESOLUTIONS, has_nul
 from sessions_app.services import MAX_INPUT_CHARS
+from sessions_app.services.effects import MAX_REASON_CHARS as MAX_RESOLVE_REASON_CHARS
+from sessions_app.services.effects import MAX_RESULT_CHARS
 
 MAX_KEY_CHARS = 200
 MAX_REASON_CHARS = 2000
@@ -23,9 +25,14 @@ MAX_PATTERN_CHARS = 200
 
 Role = Literal["main", "titler", "compactor"]
 assert set(MODEL_ROLES) == {"main", "titler", "compactor"}  # keep the Literal in step
+Resolution = Literal["rerun", "done", "failed"]
+assert set(RESOLUTIONS) == {"rerun", "done", "failed"}  # keep the Literal in step
 # Session.status: idle (no open turn), running, waiting_approval (a call is
-# parked), blocked (the open turn stopped retrying by itself; see /retry).
-Status = Literal["idle", "running", "waiting_approval", "blocked"]
+# parked), waiting_reconcile (an attempt of the open turn has an unknown
+# outcome and waits for an operator; see /effects), blocked (the open turn
+# stopped retrying by itself; see /retry).
+Status = Literal["idle", "running", "waiting_approval", "waiting_reconcile", "blocked"]
+EffectState = Literal["in_flight", "done", "failed", "unknown", "resolved"]
 
 Text = Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
@@ -68,6 +75,19 @@ class DecisionIn(In):
 
 class PolicyIn(In):
     patterns: Annotated[list[Pattern], Field(max_length=MAX_PATTERNS)]
+
+
+class ResolveIn(In):
+    """An operator's answer to an attempt of unknown outcome."""
+
+    action: Resolution = Field(
+        description="rerun: run the call again (a new attempt, same idempotency key; its turn must be open); "
+        "done: it happened, `result` is what the model sees; failed: it did not, or it must count as an error"
+    )
+    result: Annotated[str, Field(max_length=MAX_RESULT_CHARS)] | None = Field(
+        None, description="done or failed only: the tool result recorded for the call"
+    )
+    reason: Annotated[str, Field(max_length=MAX_RESOLVE_REASON_CHARS)] | None = None
 
 
 # ---------------------------------------------------------------- socket frames
@@ -178,6 +198,10 @@ class SessionOut(Schema):
     status: Status
     blocked: BlockedOut | None = Field(description="set when status is blocked")
     waiting: WaitingOut | None = Field(description="set while the session's work waits for an agent slot")
+    unknown_effects: int = Field(
+        description="attempts of the open turn whose outcome is unknown and that no operator has resolved "
+        "(status waiting_reconcile while above 0); GET …/effects lists them"
+    )
     title: str
     usage: UsageOut
     last_seq: int
@@ -232,3 +256,37 @@ class CompactOut(Schema):
     seq: int | None
     upto_seq: int | None
     reason: str | None
+
+
+class EffectOut(Schema):
+    """One attempt of one tool call, from the effect ledger."""
+
+    call_id: str
+    tool: str
+    attempt: int = Field(description="1 for the first attempt of the call, +1 for each re-run")
+    state: EffectState = Field(
+        description="in_flight (its turn is open and no outcome yet), done, failed, unknown (waits for an "
+        "operator), resolved (an operator answered it)"
+    )
+    replay: str = Field(description="the replay policy the attempt was admitted under: safe, reconcile or never")
+    idempotency_key: str = Field(description="the same for every attempt of the call")
+    arguments: str = Field(description="the call's arguments, as the model sent them (a JSON string)")
+    step: int | None
+    worker: str = Field(description="the worker that made the attempt")
+    fence: int = Field(description="the lease generation the attempt ran under")
+    attempted_at: str | None = Field(description="ISO 8601: when the attempt was recorded")
+    attempt_seq: int = Field(description="the seq of its tool/attempt event")
+    turn_seq: int = Field(description="the seq of its turn's turn/start")
+    turn_open: bool
+    result: str | None = Field(description="the content of its tool/result, if it has one")
+    resolution: dict[str, Any] | None = Field(description="its tool/resolved payload, once resolved")
+
+
+class EffectsOut(Schema):
+    effects: list[EffectOut] = Field(description="every attempt of the session, oldest first")
+    pending: int = Field(description="how many are in state unknown (waiting for an operator)")
+
+
+class ResolveOut(Schema):
+    resolved: EffectOut = Field(description="the attempt that was resolved, as it was before the resolution")
+    status: Status = Field(description="the session's status once the resolution was recorded")

@@ -33,6 +33,7 @@ from sessions_app.api.schemas import (
     CreateSessionIn,
     DecisionIn,
     DecisionOut,
+    EffectsOut,
     ErrorOut,
     EventsOut,
     InputIn,
@@ -40,6 +41,8 @@ from sessions_app.api.schemas import (
     PolicyOut,
     ProfilesOut,
     ReceiptOut,
+    ResolveIn,
+    ResolveOut,
     RetryOut,
     SessionOut,
 )
@@ -209,6 +212,26 @@ def cancel(request: HttpRequest, session_id: str) -> Any:
 def retry(request: HttpRequest, session_id: str) -> Any:
     """Drive a blocked turn again now (409 not_blocked when it is not blocked)."""
     return Status(202, ops.retry(_user(request), session_id))
+
+
+@api.get("/sessions/{session_id}/effects", response={200: EffectsOut, **_READ_ERRORS}, tags=["effects"])
+def list_effects(request: HttpRequest, session_id: str) -> Any:
+    """The effect ledger: every attempt of a tool call that is not inline, oldest
+    first, with its state; `pending` counts those of unknown outcome."""
+    return ops.effects(_user(request), session_id)
+
+
+@api.post(
+    "/sessions/{session_id}/effects/{call_id}/resolve",
+    response={200: ResolveOut, **_WRITE_ERRORS},
+    tags=["effects"],
+)
+def resolve_effect(request: HttpRequest, session_id: str, call_id: str, payload: ResolveIn) -> Any:
+    """Answer the newest attempt of unknown outcome of a call (staff; the owner
+    with TERRET_OWNER_MAY_RESOLVE on): run it again, or record it done or
+    failed. 404 unknown_effect: no attempt of that call; 409
+    effect_not_pending: none of unknown outcome, or a rerun of an ended turn."""
+    return ops.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
 
 
 @api.post(

@@ -44,7 +44,14 @@ _TOOL_CALL = {
 TURN_STATUSES = ("completed", "cancelled", "rejected", "empty", "failed")
 MODEL_ROLES = ("main", "titler", "compactor")
 # A turn's health columns start over with every turn/start and turn/end.
-_TURN_FRESH: list[tuple[str, list[Any]]] = [("blocked_seq = NULL", []), ("cancel_seq = NULL", [])]
+_TURN_FRESH: list[tuple[str, list[Any]]] = [
+    ("blocked_seq = NULL", []),
+    ("cancel_seq = NULL", []),
+    ("unknown_effects = 0", []),
+]
+REPLAY_POLICIES = ("safe", "reconcile", "never")
+RESOLUTIONS = ("rerun", "done", "failed")
+_ATTEMPT = {"type": "integer", "minimum": 1}
 
 
 def _obj(props: Json, required: list[str] | None = None) -> Json:
@@ -146,11 +153,21 @@ CATALOGUE: dict[str, Kind] = {
         Kind(
             "tool/result",
             _obj(
-                {"call_id": _NONEMPTY, "name": _NONEMPTY, "content": _STR, "is_error": {"type": "boolean"}},
+                {
+                    "call_id": _NONEMPTY,
+                    "name": _NONEMPTY,
+                    "content": _STR,
+                    "is_error": {"type": "boolean"},
+                    "attempt": _ATTEMPT,
+                    "via": {"enum": ["reconcile", "operator", "closing"]},
+                },
                 ["call_id", "name", "content"],
             ),
             True,
-            "The outcome of one tool call; vetoes, denials and tool errors have is_error true.",
+            "The outcome of one tool call; vetoes, denials and tool errors have is_error true. `attempt` names "
+            "the tool/attempt it closes (absent: the call never ran, or ran inline). `via` says where an outcome "
+            "came from when the tool's own run did not give it: its target's answer to a reconcile, an "
+            "operator's resolution, or the closing of a cancelled or failed turn.",
         ),
         Kind(
             "session/compacted",
@@ -239,6 +256,59 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "Durably queued input; it rides the next step as context/injected (or opens the next turn).",
             lambda d: [("last_input_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
+        ),
+        Kind(
+            "tool/attempt",
+            _obj(
+                {
+                    "call_id": _NONEMPTY,
+                    "name": _NONEMPTY,
+                    "attempt": _ATTEMPT,
+                    "idempotency_key": _NONEMPTY,
+                    "replay": {"enum": list(REPLAY_POLICIES)},
+                    "fence": {"type": "integer", "minimum": 0},
+                    "step": {"type": "integer", "minimum": 1},
+                    "worker": _STR,
+                    "replaces": _ATTEMPT,
+                    "why": {"enum": ["safe", "not_done", "rerun"]},
+                },
+                ["call_id", "name", "attempt", "idempotency_key", "replay", "fence"],
+            ),
+            False,
+            "The intent, committed before a tool that is not inline runs: which attempt of the call, the key "
+            "that stays the same for every attempt of it, the replay policy it was admitted under, and the lease "
+            "generation and worker that run it. Reentry with no outcome after it means the effect may have "
+            "happened. A re-run names the attempt it `replaces` and `why`: the tool is safe to replay, its "
+            "target said the effect is not done, or an operator asked for a rerun.",
+        ),
+        Kind(
+            "tool/unknown",
+            _obj(
+                {"call_id": _NONEMPTY, "name": _NONEMPTY, "attempt": _ATTEMPT, "reason": _STR},
+                ["call_id", "name", "attempt"],
+            ),
+            False,
+            "An attempt whose outcome nobody knows (its worker died before the result, and the tool may not be "
+            "re-run blindly); the turn waits for an operator (status waiting_reconcile).",
+            lambda d: [("unknown_effects = unknown_effects + 1", [])],
+        ),
+        Kind(
+            "tool/resolved",
+            _obj(
+                {
+                    "call_id": _NONEMPTY,
+                    "attempt": _ATTEMPT,
+                    "action": {"enum": list(RESOLUTIONS)},
+                    "result": _STR,
+                    "reason": _STR,
+                    "by": _NONEMPTY,
+                },
+                ["call_id", "attempt", "action", "by"],
+            ),
+            False,
+            "An operator's answer to an unknown attempt: run it again (a new attempt, same key), or record it "
+            "done (with the result the model sees) or failed.",
+            lambda d: [("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", [])],
         ),
         Kind(
             "approval/requested",

@@ -44,7 +44,14 @@ class LoggedEvent:
 # leaves it: an open turn, its parked approvals, the inbox cursor against
 # the last queued input, and whether the open turn is blocked (it then waits
 # for a stimulus, not a worker). (The session's *head* is its last seq.)
-WORKLOAD_COLUMNS = ("open_turn_seq", "pending_approvals", "inbox_seq", "last_input_seq", "blocked_seq")
+WORKLOAD_COLUMNS = (
+    "open_turn_seq",
+    "pending_approvals",
+    "inbox_seq",
+    "last_input_seq",
+    "blocked_seq",
+    "unknown_effects",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Workload:
     inbox_seq: int
     last_input_seq: int
     blocked_seq: int | None = None
+    unknown_effects: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Workload:
@@ -63,6 +71,7 @@ class Workload:
             int(row["inbox_seq"]),
             int(row["last_input_seq"]),
             row["blocked_seq"],
+            int(row["unknown_effects"]),
         )
 
     @property

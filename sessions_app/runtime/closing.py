@@ -5,7 +5,9 @@ or, when no worker holds it, straight from the cancel service under the row
 lock. Both close it the same way, so the projection never carries a tool
 call without its result: every call still owed gets an error result, an
 open step gets its step/end (with the usage its assistant message carried),
-then turn/end.
+then turn/end. An owed call whose attempt was in flight, and not safe to
+replay, is marked unknown first (tool/unknown): the turn is over, but what
+the attempt did is still an operator's question (effects.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sessions_app.log.records import LoggedEvent
+from sessions_app.runtime.effects import ledgers
 from sessions_app.runtime.view import TurnState
 
 Entry = tuple[str, dict[str, Any]]
@@ -27,9 +30,22 @@ def closing_entries(
     st = TurnState.parse(events)
     out: list[Entry] = []
     for e in st.events:
-        if e.kind == "assistant/message":
-            for call in st.owed_calls(e):
-                out.append(("tool/result", {"call_id": call.id, "name": call.name, "content": owed, "is_error": True}))
+        if e.kind != "assistant/message":
+            continue
+        attempts = ledgers(st.events, after=e.seq)
+        for call in st.owed_calls(e):
+            result: dict[str, Any] = {"call_id": call.id, "name": call.name, "content": owed, "is_error": True}
+            ledger = attempts.get(call.id)
+            last = ledger.last if ledger else None
+            if last is not None:
+                # The attempt ends with the turn, but what it did stays unknown
+                # unless replaying it was safe: operators still see it.
+                if last.state == "in_flight" and last.data.get("replay") != "safe":
+                    reason = f"the turn closed ({status}) while the attempt's outcome was unknown"
+                    unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": reason}
+                    out.append(("tool/unknown", unknown))
+                result.update(attempt=last.number, via="closing")
+            out.append(("tool/result", result))
     if st.open_step is not None:
         message = st.assistant_in_open_step()
         usage = message.data.get("usage") if message else None

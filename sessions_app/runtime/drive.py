@@ -121,7 +121,7 @@ _FINAL = (Outcome.LOST, Outcome.RESUME_FAILED, Outcome.BLOCKED, Outcome.HANDED_O
 
 def has_work(session_id: uuid.UUID, workload: Workload) -> bool:
     if workload.open_turn_seq is not None:
-        return workload.pending_approvals == 0 and workload.blocked_seq is None
+        return workload.pending_approvals == 0 and workload.blocked_seq is None and workload.unknown_effects == 0
     if not workload.input_pending:
         return False
     return admission.has_woken_input(session_id, workload.inbox_seq)

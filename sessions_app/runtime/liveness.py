@@ -79,11 +79,11 @@ _REGISTER = (
 )
 _REAP = f"DELETE FROM {_WORKERS} w WHERE {lease.process_gone('w.key')} RETURNING w.key, w.host, w.pid"
 # Whatever the dead process held a lease on, unless it waits for something
-# other than a worker (a verdict, a stimulus, an agent slot): the drive
+# other than a worker (a verdict, an operator, a stimulus, an agent slot): the drive
 # finds out what is owed.
 _HELD_BY = (
     f"SELECT id FROM {_SESSIONS} WHERE lease_process = ANY(%s) AND lease_owner <> '' "
-    "AND pending_approvals = 0 AND blocked_seq IS NULL AND waiting_seq IS NULL"
+    "AND pending_approvals = 0 AND unknown_effects = 0 AND blocked_seq IS NULL AND waiting_seq IS NULL"
 )
 _UNREGISTER = f"DELETE FROM {_WORKERS} WHERE key = %s AND pid = %s"
 

@@ -3,7 +3,8 @@ right before the next external effect (a model call, a tool run, parking,
 returning).
 
 A step therefore costs two commits, or one when it calls only inline tools
-(tools.base.Definition.runs_inline). A crash loses only what was produced
+(tools.base.Definition.runs_inline), plus one per external tool call: its
+intent (tool/attempt) is committed before it runs (runtime/effects.py). A crash loses only what was produced
 since the last external effect, which resume redoes: the same
 at-least-once window a crash before any append has.
 

@@ -18,6 +18,10 @@ Rules kept here:
   re-entered after a crash, which is retried with backoff a bounded number
   of times and then blocked (failures.py decides which is which). Database
   outages and a lost lease are the drive's business, not the turn's.
+- Every external effect has its intent committed first (tool/attempt), and
+  an attempt a crash left without an outcome is re-run, reconciled with its
+  target or put before an operator by the tool's replay policy, never re-run
+  blindly (effects.py).
 - A cancel stops a streaming model call within about a second (stop.py);
   the text streamed so far is kept as a partial assistant message.
 - While the process drains (a deploy's SIGTERM), the turn hands its session
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -41,14 +46,14 @@ from sessions_app.llm.types import ModelCancelled, ModelError, ModelReply, ToolC
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, failures, hooks, lifecycle, storable
+from sessions_app.runtime import admission, effects, failures, hooks, lifecycle, storable
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
 from sessions_app.runtime.outcomes import Outcome
 from sessions_app.runtime.stop import stop_watch
 from sessions_app.runtime.view import TurnState, TurnView
-from sessions_app.tools.base import Definition, ToolContext
+from sessions_app.tools.base import Definition, Reconciliation, ToolContext
 from sessions_app.tools.executor import execute
 from sessions_app.tools.registry import Registry, registry_for_profile
 
@@ -69,6 +74,9 @@ class TurnRunner:
         self.view = TurnView(session_id, profile, lease)
         self.outbox = Outbox(session_id, lease, self.view)
         self.resuming = False
+        # Set when a call's outcome is unknown: the turn waits for an operator,
+        # and no further external attempt starts before one answers.
+        self.awaiting_operator = False
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
 
@@ -267,6 +275,8 @@ class TurnRunner:
         for call in st.owed_calls(message):
             if self.run_call(call, st, message.seq) is Outcome.PARKED:
                 parked = True
+            if self.awaiting_operator:
+                break
         if parked:
             self.flush()
             return Outcome.PARKED
@@ -308,7 +318,7 @@ class TurnRunner:
             return Outcome.PARKED
         if decision.action == "deny":
             return self.result(call, f"denied: {decision.reason}", True)
-        return self.run_tool(defn, call)
+        return self.run_tool(defn, call, st, message_seq)
 
     def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
         return hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.view.policy_seq)
@@ -319,24 +329,124 @@ class TurnRunner:
         veto = hooks.first_veto(self.call_context(defn, args))
         if veto:
             return _result(call, f"vetoed: {veto}", True)
-        outcome = execute(defn, self.tool_context(call), call.arguments)
+        outcome = execute(defn, self.tool_context(call, 0), call.arguments)
         return _result(call, outcome.content, outcome.is_error)
 
     def redo_inline(self, pending: InlineCall) -> Entry:
         return self.inline_result(pending.call, pending.definition, pending.args)
 
-    def tool_context(self, call: ToolCall) -> ToolContext:
-        return ToolContext(self.sid, call.id, settings.TERRET_WORKSPACE_ROOT / self.sid.hex)
+    def tool_context(self, call: ToolCall, message_seq: int, attempt: int = 0) -> ToolContext:
+        return ToolContext(
+            self.sid,
+            call.id,
+            settings.TERRET_WORKSPACE_ROOT / self.sid.hex,
+            idempotency_key=effects.idempotency_key(self.sid, message_seq, call.id),
+            attempt=attempt,
+            fence=self.lease.gen,
+        )
 
-    def run_tool(self, defn: Definition, call: ToolCall) -> Outcome | None:
-        self.flush()  # earlier results are durable before this tool runs
+    def run_tool(self, defn: Definition, call: ToolCall, st: TurnState, message_seq: int) -> Outcome | None:
+        """Run the call as a new attempt, unless an earlier attempt of it has
+        no outcome: then its replay policy decides (effects.py)."""
+        ledger = effects.ledgers(st.events, after=message_seq).get(call.id)
+        last = ledger.last if ledger else None
+        if last is None:
+            self.attempt(defn, call, st, message_seq, 1)
+            return None
+        settled = self.settle(defn, call, last, message_seq)
+        if isinstance(settled, _Rerun):
+            self.attempt(defn, call, st, message_seq, last.number + 1, replaces=(last.number, settled.why))
+            return None
+        return settled
+
+    def attempt(
+        self,
+        defn: Definition,
+        call: ToolCall,
+        st: TurnState,
+        message_seq: int,
+        number: int,
+        replaces: tuple[int, str] | None = None,
+    ) -> None:
+        ctx = self.tool_context(call, message_seq, number)
+        intent: dict[str, Any] = {
+            "call_id": call.id,
+            "name": call.name,
+            "attempt": number,
+            "idempotency_key": ctx.idempotency_key,
+            "replay": defn.replay_policy,
+            "fence": self.lease.gen,
+            "worker": self.lease.owner,
+        }
+        if st.open_step is not None:
+            intent["step"] = st.open_step
+        if replaces is not None:
+            intent["replaces"], intent["why"] = replaces
+        self.outbox.emit("tool/attempt", intent)
+        self.flush()  # the intent, and earlier results, are durable before the effect
         connection.close()  # tools may be slow; hold no connection meanwhile
-        outcome = execute(defn, self.tool_context(call), call.arguments)
-        return self.result(call, outcome.content, outcome.is_error)
+        outcome = execute(defn, ctx, call.arguments)
+        self.result(call, outcome.content, outcome.is_error, attempt=number)
 
-    def result(self, call: ToolCall, content: str, is_error: bool) -> Outcome | None:
+    def settle(self, defn: Definition, call: ToolCall, last: effects.Attempt, message_seq: int) -> Any:
+        """An attempt of this call already exists: a _Rerun to run the next
+        one, None once its outcome is buffered, PARKED while an operator decides."""
+        match last.state:
+            case "unknown":
+                return self._await_operator()
+            case "resolved":
+                resolution = last.resolution or {}
+                if resolution.get("action") == "rerun":
+                    return _Rerun("rerun")
+                failed = resolution.get("action") == "failed"
+                content = str(resolution.get("result") or "")
+                if failed:
+                    content = f"failed: marked failed by an operator ({resolution.get('by', '')})" + (
+                        f": {content}" if content else ""
+                    )
+                content = content or "done (marked done by an operator)"
+                return self.result(call, content, failed, last.number, "operator")
+            case "done" | "failed":
+                return None
+        # In flight when its worker stopped: the effect may have happened.
+        policy = effects.stricter(str(last.data.get("replay", "")), defn)
+        if policy == "safe":
+            return _Rerun("safe")
+        if policy == "reconcile" and defn.reconcile is not None:
+            answer = self.reconcile(defn, call, last, message_seq)
+            if answer.state == "not_done":
+                return _Rerun("not_done")
+            if answer.state == "done":
+                return self.result(call, answer.result, False, last.number, "reconcile")
+            reason = answer.result or "its target could not tell whether it happened"
+        else:
+            reason = "the worker stopped before its outcome was recorded, and the tool may not be re-run blindly"
+        unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": reason}
+        self.outbox.emit("tool/unknown", unknown)
+        return self._await_operator()
+
+    def reconcile(self, defn: Definition, call: ToolCall, last: effects.Attempt, message_seq: int) -> Reconciliation:
+        assert defn.reconcile is not None
+        try:
+            args = json.loads(call.arguments or "{}")
+            connection.close()  # the target may be slow to answer
+            return defn.reconcile(self.tool_context(call, message_seq, last.number), args)
+        except Exception as exc:
+            logger.warning("reconcile of %s in %s failed: %s", call.id, self.sid, exc, exc_info=True)
+            return Reconciliation("unknown", f"its reconcile hook failed ({type(exc).__name__})")
+
+    def _await_operator(self) -> Outcome:
+        self.awaiting_operator = True
+        return Outcome.PARKED
+
+    def result(self, call: ToolCall, content: str, is_error: bool, attempt: int = 0, via: str = "") -> Outcome | None:
         """Buffer the call's result; the call needs nothing more (None)."""
-        self.outbox.emit(*_result(call, content, is_error))
+        kind, data = _result(call, content, is_error)
+        if attempt:
+            data["attempt"] = attempt
+        if via:
+            data["via"] = via
+        self.outbox.emit(kind, data)
         return None
 
     # -- cancel
@@ -347,6 +457,13 @@ class TurnRunner:
             self.outbox.emit(kind, data)
         self.flush(release=True)
         return Outcome.ENDED
+
+
+@dataclass(frozen=True)
+class _Rerun:
+    """settle(): run a new attempt, which replaces the last one, for this reason."""
+
+    why: str  # safe | not_done | rerun (tool/attempt's `why`)
 
 
 def _result(call: ToolCall, content: str, is_error: bool) -> Entry:

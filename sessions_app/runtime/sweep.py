@@ -8,9 +8,10 @@ liveness poller normally wakes those within a poll, and the sweep is what
 catches a wake-up that got lost. The sweep runs when a worker starts and
 periodically after that.
 
-A blocked turn (turn/blocked) waits for a stimulus or an operator, and a
-session waiting for an agent slot (agent/waiting) for a slot; neither needs
-a worker, so the sweep leaves both alone.
+A blocked turn (turn/blocked) waits for a stimulus or an operator, a turn
+with an attempt of unknown outcome (tool/unknown) for an operator, and a
+session waiting for an agent slot (agent/waiting) for a slot; none needs a
+worker, so the sweep leaves them alone.
 
 A turn that was admitted but never claimed has no lease at all. Its wake-up
 is normally still on its way through the broker, so the periodic sweep
@@ -55,7 +56,11 @@ def sweep(*, at_start: bool = False) -> list[str]:
         | Q(lease_expires_at__isnull=True, last_event_at__isnull=True)
     )
     found = Session.objects.filter(
-        open_turn_seq__isnull=False, pending_approvals=0, blocked_seq__isnull=True, waiting_seq__isnull=True
+        open_turn_seq__isnull=False,
+        pending_approvals=0,
+        unknown_effects=0,
+        blocked_seq__isnull=True,
+        waiting_seq__isnull=True,
     )
     if connection.vendor == "postgresql":
         # Last in the OR, so only a row whose lease is otherwise live reads

@@ -39,6 +39,8 @@ class TurnState:
     consumed: set[int] = field(default_factory=set)
     queued: list[int] = field(default_factory=list)
     asked: set[str] = field(default_factory=set)
+    # Calls with an attempt of unknown outcome that no operator resolved yet.
+    unknown: set[str] = field(default_factory=set)
     # Failed attempts (turn/stalled, turn/blocked) since the turn last made progress.
     attempts: int = 0
 
@@ -57,6 +59,10 @@ class TurnState:
                 st.attempts += 1
             elif e.kind == "approval/requested":
                 st.asked.add(e.data["call_id"])
+            elif e.kind == "tool/unknown":
+                st.unknown.add(e.data["call_id"])
+            elif e.kind == "tool/resolved":
+                st.unknown.discard(e.data["call_id"])
             elif e.kind == "turn/cancel_requested":
                 st.cancel_requested = True
             elif e.kind in ("user/message", "context/injected"):
@@ -76,14 +82,15 @@ class TurnState:
         """Whether the turn is re-entered after a drive that did not finish
         its step (a crash, a lost lease, a database outage): a step is open
         and either its model call or one of its tool calls was in flight. A
-        step whose owed calls all wait on (or got) a verdict was parked, not
-        interrupted: driving it again is no resume."""
+        step whose owed calls all wait on (or got) a verdict, or on an
+        operator, was parked, not interrupted: driving it again is no resume."""
         if self.open_step is None:
             return False
         message = self.assistant_in_open_step()
         if message is None:
             return True
-        return any(call.id not in self.asked for call in self.owed_calls(message))
+        waiting = self.asked | self.unknown
+        return any(call.id not in waiting for call in self.owed_calls(message))
 
     @property
     def inbox_pending(self) -> bool:

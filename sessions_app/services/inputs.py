@@ -59,7 +59,7 @@ def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
 def _refuse_if_open(tx: log.SessionTx) -> None:
     if tx.row["open_turn_seq"] is None:
         return
-    if tx.row["pending_approvals"] > 0 or lease_live(tx.row):
+    if tx.row["pending_approvals"] > 0 or tx.row["unknown_effects"] > 0 or lease_live(tx.row):
         raise TurnAlreadyRunning(f"session {tx.session_id} is mid-turn")
     raise TurnOpenInLog(f"session {tx.session_id} has an open turn in its log; resume it")
 

@@ -201,6 +201,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             "status": state["status"],
             "blocked": state["blocked"],
             "waiting": state["waiting"],
+            "unknown_effects": state["unknown_effects"],
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,

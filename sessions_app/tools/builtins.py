@@ -1,5 +1,11 @@
 """Built-in tools: the clock, a per-session workspace sandbox, and debug aids.
 
+Each says what a resume may do with an attempt of it that has no recorded
+outcome (Definition.replay_policy): the read-only ones and debug.sleep are
+safe to run again; workspace.write reconciles, by comparing the file with
+the content it was asked to write; debug.charge (an effect for tests and
+demos, deliberately never replayed) waits for an operator.
+
 The workspace tools take paths from the model, so every path is treated as
 hostile: it must be relative, free of `..` and NUL, and must still lie inside
 the session's directory after symlinks are resolved. Files are opened with
@@ -9,6 +15,8 @@ O_NOFOLLOW so a symlink swapped in after the check is not followed either.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -20,13 +28,15 @@ from typing import Any
 
 from django.conf import settings
 
-from .base import Definition, ToolContext, ToolError
+from .base import Definition, Reconciliation, ToolContext, ToolError
 
 MAX_READ_BYTES = 256 * 1024
 MAX_WRITE_BYTES = 256 * 1024
 MAX_PATH_CHARS = 1024
 MAX_LIST_ENTRIES = 1000
 MAX_SLEEP_SECONDS = 600
+MAX_CHARGE_WAIT_SECONDS = 30
+CHARGES_FILE = "charges.log"
 
 
 def workspace_dir(session_id: uuid.UUID) -> Path:
@@ -123,6 +133,24 @@ def _write(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"wrote {len(data)} bytes to {target.relative_to(root).as_posix()}"
 
 
+def _reconcile_write(ctx: ToolContext, args: dict[str, Any]) -> Reconciliation:
+    """Done if the file holds exactly the content the attempt was to write
+    (compared by hash); otherwise not done, and the write runs again. A path
+    the write would refuse is not done either: running it gives the error."""
+    content = args.get("content")
+    if not isinstance(content, str):
+        return Reconciliation("not_done")
+    try:
+        root, target = _resolve(ctx, args.get("path"))
+        current = target.read_bytes() if target.is_file() and not target.is_symlink() else None
+    except (ToolError, OSError):
+        return Reconciliation("not_done")
+    data = content.encode("utf-8")
+    if current is None or hashlib.sha256(current).digest() != hashlib.sha256(data).digest():
+        return Reconciliation("not_done")
+    return Reconciliation("done", f"wrote {len(data)} bytes to {target.relative_to(root).as_posix()}")
+
+
 def _make_parents(root: Path, parent: Path) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +215,29 @@ def _sleep(ctx: ToolContext, args: dict[str, Any]) -> str:
     return f"slept {seconds:g}"
 
 
+def _charge(ctx: ToolContext, args: dict[str, Any]) -> str:
+    """Wait, then append one line to charges.log: one line per execution,
+    so a test counts executions at the target, not results in the log."""
+    seconds = args.get("seconds", 0)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_CHARGE_WAIT_SECONDS:
+        raise ToolError(f"seconds must be a number from 0 to {MAX_CHARGE_WAIT_SECONDS}")
+    time.sleep(seconds)
+    root = _root(ctx)
+    line = {
+        "call_id": ctx.call_id,
+        "idempotency_key": ctx.idempotency_key,
+        "attempt": ctx.attempt,
+        "at": datetime.now(UTC).isoformat(),
+    }
+    fd = os.open(root / CHARGES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return f"charged (attempt {ctx.attempt}, key {ctx.idempotency_key})"
+
+
 NO_ARGS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _PATH = {"type": "string", "minLength": 1, "maxLength": MAX_PATH_CHARS, "description": "Path relative to the workspace"}
 
@@ -217,6 +268,8 @@ BUILTINS: dict[str, Definition] = {
             mutating=True,
             idempotent=True,
             in_process=True,
+            replay="reconcile",
+            reconcile=_reconcile_write,
         ),
         Definition(
             "workspace.list",
@@ -233,6 +286,22 @@ BUILTINS: dict[str, Definition] = {
             _object({"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}}),
             _sleep,
             in_process=True,
+            replay="safe",
+        ),
+        Definition(
+            "debug.charge",
+            f"Record a charge: wait `seconds` (0 to {MAX_CHARGE_WAIT_SECONDS}, default 0), then append one line to "
+            f"{CHARGES_FILE} in the workspace. An effect that is never re-run by itself after a crash.",
+            {
+                "type": "object",
+                "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_CHARGE_WAIT_SECONDS}},
+                "additionalProperties": False,
+            },
+            _charge,
+            mutating=True,
+            idempotent=False,
+            in_process=True,
+            replay="never",
         ),
     )
 }

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TextIO, TypeVar
+from typing import Any, Self, TextIO, TypeVar, cast
 
 import anyio
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
@@ -37,12 +37,13 @@ from mcp.types import (
     REQUEST_TIMEOUT,
     CallToolResult,
     ContentBlock,
+    RequestParamsMeta,
     TextContent,
     Tool,
 )
 from pydantic import ValidationError
 
-from .base import Definition, ToolContext, ToolError
+from .base import Definition, Replay, ToolContext, ToolError
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,14 @@ _SHUTDOWN_TIMEOUT = 10.0
 # for another spawn (or another STARTUP_TIMEOUT, for a server that hangs).
 START_BACKOFF = 5.0
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# The request `_meta` keys a tool call carries its effect-ledger identity in
+# (runtime/effects.py): the idempotency key, the same on every attempt of one
+# call, so a server can deduplicate; the attempt number; the lease fence.
+# Namespaced with a reverse-DNS prefix, as the MCP spec asks of `_meta` keys
+# that are not the protocol's own.
+META_IDEMPOTENCY_KEY = "io.terret/idempotency_key"
+META_ATTEMPT = "io.terret/attempt"
+META_FENCE = "io.terret/fence"
 
 
 class MCPUnavailable(ToolError):
@@ -263,10 +272,17 @@ class MCPManager:
         tools = self._run(self._list_tools(cfg.key), STARTUP_TIMEOUT * 2)
         return [_definition(self, cfg, tool) for tool in tools]
 
-    def call_tool(self, config: Config, tool: str, args: dict[str, Any], timeout: float | None = None) -> str:
+    def call_tool(
+        self,
+        config: Config,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> str:
         cfg = _config(config)
         limit = cfg.timeout if timeout is None else timeout
-        return self._run(self._call_tool(cfg.key, tool, args, limit), limit + STARTUP_TIMEOUT)
+        return self._run(self._call_tool(cfg.key, tool, args, limit, meta), limit + STARTUP_TIMEOUT)
 
     def is_running(self, config: Config) -> bool:
         """Whether a live session exists for this config (for tests and health checks)."""
@@ -381,10 +397,19 @@ class MCPManager:
         self._tools[key] = tools
         return tools
 
-    async def _call_tool(self, key: ServerKey, tool: str, args: dict[str, Any], read_timeout: float) -> str:
+    async def _call_tool(
+        self,
+        key: ServerKey,
+        tool: str,
+        args: dict[str, Any],
+        read_timeout: float,
+        meta: Mapping[str, Any] | None = None,
+    ) -> str:
         conn, client = await self._client(key)
+        # RequestParamsMeta is an open TypedDict (extra_items), which mypy does not model.
+        request_meta = cast(RequestParamsMeta, dict(meta)) if meta else None
         try:
-            result = await client.call_tool(tool, args, read_timeout_seconds=read_timeout)
+            result = await client.call_tool(tool, args, read_timeout_seconds=read_timeout, meta=request_meta)
         except MCPError as exc:
             raise _call_error(conn, tool, read_timeout, exc) from exc
         except ValidationError as exc:
@@ -449,20 +474,31 @@ def _block_text(block: ContentBlock) -> str:
     return f"[{block.type} content{f' ({mime})' if mime else ''} omitted]"
 
 
+def ledger_meta(ctx: ToolContext) -> dict[str, Any] | None:
+    """The request `_meta` that tells the server which call (and attempt)
+    this is; None outside a turn, where the context has no key."""
+    if not ctx.idempotency_key:
+        return None
+    return {META_IDEMPOTENCY_KEY: ctx.idempotency_key, META_ATTEMPT: ctx.attempt, META_FENCE: ctx.fence}
+
+
 def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool) -> Definition:
     hints = tool.annotations
-    # MCP hints say "destructive unless told otherwise"; Terret only asks a
-    # human when the server itself says the tool changes things.
-    mutating = (
-        hints is not None
-        and hints.read_only_hint is not True
-        and (hints.read_only_hint is False or hints.destructive_hint is True)
-    )
-    idempotent = not mutating or bool(hints and hints.idempotent_hint)
+    # The policy from the server's hints. Only `readOnlyHint: true` makes a
+    # tool harmless: not mutating, idempotent, replay `safe`, never asked.
+    # Anything else, no annotations at all included (MCP's defaults: it may
+    # change things and is not idempotent), is mutating, so the `policy`
+    # approval mode asks a human. Its replay: `never` with `destructiveHint:
+    # true` (destructive wins over idempotent), else `safe` with
+    # `idempotentHint: true`, else `never`.
+    mutating = hints is None or hints.read_only_hint is not True
+    idempotent = not mutating or (hints is not None and hints.idempotent_hint is True)
+    destructive = mutating and hints is not None and hints.destructive_hint is True
+    replay: Replay = "safe" if idempotent and not destructive else "never"
     remote_name = tool.name
 
     def handler(ctx: ToolContext, args: dict[str, Any]) -> str:
-        return manager.call_tool(cfg, remote_name, args)
+        return manager.call_tool(cfg, remote_name, args, meta=ledger_meta(ctx))
 
     return Definition(
         name=f"mcp.{cfg.name}.{tool.name}",
@@ -472,6 +508,7 @@ def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool) -> Definitio
         approval="policy" if mutating else "never",
         mutating=mutating,
         idempotent=idempotent,
+        replay=replay,
     )
 
 
@@ -494,9 +531,16 @@ def list_tools(config: Config) -> list[Definition]:
     return manager().list_tools(config)
 
 
-def call_tool(config: Config, tool: str, args: dict[str, Any], timeout: float | None = None) -> str:
-    """Call `tool` (its name on the server) and return its text content."""
-    return manager().call_tool(config, tool, args, timeout)
+def call_tool(
+    config: Config,
+    tool: str,
+    args: dict[str, Any],
+    timeout: float | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> str:
+    """Call `tool` (its name on the server) and return its text content;
+    `meta` goes in the request's `_meta` (see `ledger_meta`)."""
+    return manager().call_tool(config, tool, args, timeout, meta)
 
 
 def shutdown() -> None:

@@ -7,8 +7,10 @@ from typing import Any
 
 from django import forms
 
+from sessions_app.log.catalogue import RESOLUTIONS
 from sessions_app.models import AgentProfile
 from sessions_app.services import MAX_INPUT_CHARS
+from sessions_app.services.effects import MAX_REASON_CHARS, MAX_RESULT_CHARS
 
 
 class NewSessionForm(forms.Form):
@@ -47,3 +49,16 @@ class MessageForm(forms.Form):
         if not text.strip():
             raise forms.ValidationError("Type a message first.")
         return text
+
+
+class ResolveForm(forms.Form):
+    """An operator's answer to an attempt of unknown outcome (the chat page's
+    notice): the service checks the rest (a rerun takes no result)."""
+
+    call_id = forms.CharField(max_length=200, error_messages={"required": "Which call? (call_id is missing)"})
+    action = forms.ChoiceField(
+        choices=[(a, a) for a in RESOLUTIONS],
+        error_messages={"required": "Pick re-run, done or failed.", "invalid_choice": "Pick re-run, done or failed."},
+    )
+    result = forms.CharField(max_length=MAX_RESULT_CHARS, required=False, strip=False)
+    reason = forms.CharField(max_length=MAX_REASON_CHARS, required=False)

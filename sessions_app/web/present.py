@@ -1,5 +1,6 @@
 """How the pages present the log: one place for an event's row, the status
-labels, and the fragments the pages' sockets send.
+labels, the notice of effects waiting for an operator, and the fragments
+the pages' sockets send.
 
 An event is rendered one way, by the `event` partial of
 templates/sessions/chat.html, whether the page renders it or the page's
@@ -25,6 +26,8 @@ from approvals_app.selectors import queue_for
 from sessions_app import permissions
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
+from sessions_app.permissions import can_resolve
+from sessions_app.services import effects as effect_services
 from sessions_app.services.usage import format_cost
 
 # Kinds that are bookkeeping rather than conversation: rendered (so every seq
@@ -48,10 +51,15 @@ STATUS_LABELS = {
     "idle": "idle",
     "running": "running",
     "waiting_approval": "waiting for approval",
+    "waiting_reconcile": "waiting for an operator",
     "blocked": "blocked",
 }
 # What a batch of events must contain for the page's approvals to change.
 APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/start", "turn/end"})
+# ... and for its notice of effects of unknown outcome.
+EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/end"})
+# How much of a pending effect's arguments the notice shows.
+EFFECT_ARGS_CHARS = 200
 
 
 def status_label(status: str) -> str:
@@ -233,6 +241,8 @@ class ChatFollower:
             out.append(Fragment(render_to_string("sessions/chat.html#title", {"session": session, "oob": True})))
         if kinds & APPROVAL_MOVES:
             out.append(Fragment(approvals_fragment(session, self.user)))
+        if kinds & EFFECT_MOVES:
+            out.append(Fragment(effects_fragment(session, self.user)))
         return out
 
     def delta(self, step: int, text: str) -> str:
@@ -272,6 +282,79 @@ def approvals_fragment(session: Session, user: Any) -> str:
         "oob": True,
     }
     return render_to_string("sessions/chat.html#approvals", context)
+
+
+# ---------------------------------------------------------------- effects waiting for an operator
+
+
+@dataclass(frozen=True)
+class PendingEffect:
+    """An attempt of unknown outcome, as the chat page's notice lists it."""
+
+    call_id: str
+    tool: str
+    attempt: int
+    replay: str
+    arguments: str  # shortened to EFFECT_ARGS_CHARS
+    attempted_at: datetime | None
+    worker: str
+    step: int | None
+    turn_open: bool  # only an attempt of the open turn can be re-run
+
+    @property
+    def slug(self) -> str:
+        """For element ids: the call id (ASCII letters, digits, - and _ kept,
+        anything else spelled out) and the attempt."""
+        safe = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else f"_x{ord(c):x}_" for c in self.call_id)
+        return f"{safe}-{self.attempt}"
+
+
+def shorten(arguments: str, chars: int = EFFECT_ARGS_CHARS) -> str:
+    """A call's arguments on one line, cut to `chars` with an ellipsis."""
+    flat = " ".join(arguments.split())
+    return flat if len(flat) <= chars else flat[:chars] + "\u2026"
+
+
+def pending_effects(session: Session) -> list[PendingEffect]:
+    """The session's attempts of unknown outcome, oldest first; read only
+    while its open turn waits on one (the ledger read scans the session's
+    tool events, so it stays off the path of every other page view)."""
+    if session.open_turn_seq is None or session.unknown_effects <= 0:
+        return []
+    return [
+        PendingEffect(
+            call_id=e.call_id,
+            tool=e.tool,
+            attempt=e.attempt,
+            replay=e.replay,
+            arguments=shorten(e.arguments),
+            attempted_at=e.attempted_at,
+            worker=e.worker,
+            step=e.step,
+            turn_open=e.turn_open,
+        )
+        for e in effect_services.effects(session.id)
+        if e.state == "unknown"
+    ]
+
+
+def effects_context(
+    session: Session, user: Any, *, oob: bool = False, notice: str = "", error: str = ""
+) -> dict[str, Any]:
+    return {
+        "session": session,
+        "unknown_effects": pending_effects(session),
+        "can_resolve": can_resolve(user, session),
+        "result_max": effect_services.MAX_RESULT_CHARS,
+        "reason_max": effect_services.MAX_REASON_CHARS,
+        "effects_notice": notice,
+        "effects_error": error,
+        "oob": oob,
+    }
+
+
+def effects_fragment(session: Session, user: Any) -> str:
+    return render_to_string("sessions/chat.html#effects", effects_context(session, user, oob=True))
 
 
 # ---------------------------------------------------------------- the dashboard's and the queue's sockets

@@ -31,9 +31,11 @@ from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions, services
 from sessions_app.errors import NotBlocked, TerretError
 from sessions_app.models import Agent, Event, Session
+from sessions_app.permissions import can_resolve
+from sessions_app.services import effects as effect_services
 from sessions_app.services.usage import format_cost
-from sessions_app.web.forms import MessageForm, NewSessionForm
-from sessions_app.web.present import EventRow, event_row, facts_context, status_label
+from sessions_app.web.forms import MessageForm, NewSessionForm, ResolveForm
+from sessions_app.web.present import EventRow, effects_context, event_row, facts_context, status_label
 from sessions_app.web.socket_paths import socket_url
 
 # Events per page of the chat log; "load earlier" fetches the page before.
@@ -100,6 +102,7 @@ def _chat_context(
     url = reverse("sessions:chat", args=[session.id])
     return {
         **facts_context(session, request.user),
+        **effects_context(session, request.user),
         "agent_id": _agent_id(session),
         "events": events,
         "older_before": first if first is not None and first > 1 else None,
@@ -242,4 +245,57 @@ def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         if htmx:
             return HttpResponse(status=204)  # the header follows the log over the websocket
         messages.info(request, "Retrying the turn now.")
+    return redirect("sessions:chat", session_id=session.id)
+
+
+RESOLVED_NOTICES = {
+    "rerun": "Running the call again.",
+    "done": "Recorded as done.",
+    "failed": "Recorded as failed.",
+}
+
+
+@login_required
+@require_POST
+def session_resolve(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """An operator's answer to an attempt of unknown outcome (the buttons of
+    the page's notice): re-run it, or record it done or failed. Staff, and
+    the owner when TERRET_OWNER_MAY_RESOLVE is on; 403 for anyone else who
+    may read the session. htmx gets the notice re-rendered with what
+    happened (status 200, so it swaps; `X-Terret-Error` carries an error's
+    code); a plain POST redirects back with a message."""
+    session = _viewable(request, session_id)
+    if not can_resolve(request.user, session):
+        raise PermissionDenied("resolving an effect of unknown outcome needs staff")
+    form = ResolveForm(request.POST)
+    notice = error = code = ""
+    if not form.is_valid():
+        error, code = " ".join(str(e) for errors in form.errors.values() for e in errors), "invalid_input"
+    else:
+        data = form.cleaned_data
+        try:
+            effect_services.resolve(
+                session.id,
+                data["call_id"],
+                data["action"],
+                result=data["result"],
+                reason=data["reason"],
+                by=request.user.get_username(),
+            )
+        except TerretError as exc:
+            error, code = str(exc), exc.code
+        else:
+            notice = RESOLVED_NOTICES[data["action"]]
+    if getattr(request, "htmx", False):
+        fresh = Session.objects.filter(id=session.id).first() or session
+        response = render(
+            request, "sessions/chat.html#effects", effects_context(fresh, request.user, notice=notice, error=error)
+        )
+        if code:
+            response["X-Terret-Error"] = code
+        return response
+    if error:
+        messages.error(request, error)
+    else:
+        messages.info(request, notice)
     return redirect("sessions:chat", session_id=session.id)

@@ -15,4 +15,5 @@ urlpatterns: list[URLPattern] = [
     path("sessions/<uuid:session_id>/messages/", views.session_message, name="message"),
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="cancel"),
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="retry"),
+    path("sessions/<uuid:session_id>/effects/resolve/", views.session_resolve, name="resolve"),
 ]

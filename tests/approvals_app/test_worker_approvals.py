@@ -13,6 +13,7 @@ from approvals_app import services as approvals
 from approvals_app.selectors import pending
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.runtime.effects import effects_audit
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
 
@@ -63,6 +64,10 @@ def test_restart_while_parked(
     assert (tmp_path / session.id.hex / "out.txt").read_text() == "from the second worker"
     [result] = data(session, "tool/result")
     assert result["call_id"] == call.call_id and result["is_error"] is False
+    [attempt] = data(session, "tool/attempt")  # approved, then run once, by the second worker
+    assert (attempt["call_id"], attempt["attempt"], result["attempt"]) == (call.call_id, 1, 1)
+    audit = effects_audit(session.id)
+    assert audit.ok and audit.counts.get("done") == 1, audit
     assert len(data(session, "approval/requested")) == 1  # the recorded verdict was never asked again
     assert len(fake_llm.requests) == 2
     session.refresh_from_db()

@@ -145,6 +145,7 @@ def test_the_openapi_document_describes_retry_blocked_waiting_and_closed(client)
         "idle",
         "running",
         "waiting_approval",
+        "waiting_reconcile",
         "blocked",
     }
     assert {"blocked", "waiting"} <= set(schemas["SessionOut"]["required"])

@@ -29,7 +29,28 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "tool/result": [
         {"call_id": "call_1", "name": "clock.now", "content": "12:00"},
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
+        {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
+    "tool/attempt": [
+        {"call_id": "c", "name": "debug.charge", "attempt": 1, "idempotency_key": "k", "replay": "never", "fence": 0},
+        {
+            "call_id": "c",
+            "name": "workspace.write",
+            "attempt": 2,
+            "idempotency_key": "k",
+            "replay": "reconcile",
+            "fence": 7,
+            "step": 1,
+            "worker": "h:1:t",
+            "replaces": 1,
+            "why": "not_done",
+        },
+    ],
+    "tool/unknown": [{"call_id": "c", "name": "debug.charge", "attempt": 1, "reason": "the worker stopped"}],
+    "tool/resolved": [
+        {"call_id": "c", "attempt": 1, "action": a, "by": "staff:ops"} for a in ("rerun", "done", "failed")
+    ]
+    + [{"call_id": "c", "attempt": 1, "action": "done", "result": "charged", "reason": "checked", "by": "ops"}],
     "session/compacted": [{"upto_seq": 0, "summary": ""}, {"upto_seq": 120, "summary": "so far"}],
     "turn/start": [{}, {"by": "alice"}],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
@@ -89,6 +110,8 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "name": "n"},
         {"call_id": "", "name": "n", "content": "x"},
         {"call_id": "c", "name": "n", "content": "x", "is_error": "yes"},
+        {"call_id": "c", "name": "n", "content": "x", "attempt": 0},
+        {"call_id": "c", "name": "n", "content": "x", "via": "magic"},
     ],
     "session/compacted": [{"summary": "s"}, {"upto_seq": -1, "summary": "s"}, {"upto_seq": 1.5, "summary": "s"}],
     "turn/start": [{"by": 1}, {"who": "x"}],
@@ -106,6 +129,17 @@ INVALID: dict[str, list[Any]] = {
     "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
     "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
     "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],
+    "tool/attempt": [
+        {"call_id": "c", "name": "t", "attempt": 0, "idempotency_key": "k", "replay": "never", "fence": 0},
+        {"call_id": "c", "name": "t", "attempt": 1, "idempotency_key": "k", "replay": "maybe", "fence": 0},
+        {"call_id": "c", "name": "t", "attempt": 1, "replay": "safe", "fence": 0},
+        {"call_id": "c", "name": "t", "attempt": 2, "idempotency_key": "k", "replay": "safe", "fence": 0, "why": "x"},
+    ],
+    "tool/unknown": [{"call_id": "c", "name": "t"}, {"call_id": "c", "name": "t", "attempt": 1, "extra": 1}],
+    "tool/resolved": [
+        {"call_id": "c", "attempt": 1, "action": "undo", "by": "ops"},
+        {"call_id": "c", "attempt": 1, "action": "done"},
+    ],
     "session/titled": [{}, {"title": ""}, {"title": "x" * 81}],
     "policy/updated": [{}, {"patterns": "clock.*"}, {"patterns": [""]}],
     "model/updated": [{"role": "main"}, {"role": "boss", "spec": "x/y"}, {"role": "main", "spec": ""}],

@@ -16,6 +16,7 @@ import pytest
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.models import WorkerProcess as ProcessRow
+from sessions_app.runtime.effects import effects_audit
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
 from tests.workers import DEFAULT_LEASES, WorkerProcess
@@ -71,6 +72,8 @@ def assert_completed_once(session: Session, *, answer: str) -> None:
     assert kinds.count("turn/start") == 1
     assert [d for _, k, d in entries if k == "turn/end"] == [{"status": "completed"}]
     assert [d["content"] for _, k, d in entries if k == "assistant/message"][-1] == answer
+    audit = effects_audit(session.id)
+    assert audit.ok, audit.problems
 
 
 def test_kill_9_of_the_driving_worker_the_other_finishes_within_2s(

@@ -381,7 +381,8 @@ def test_local_calls_ride_one_commit_with_the_step_tail(fake_llm: Any, session: 
     """A step whose calls are all local (fast, read-only, idempotent) commits
     its assistant message with the results and the next step/start: one
     statement, so they share a timestamp. A step that calls anything else
-    commits the message before the tool runs."""
+    commits the message before the tool runs, then the call's intent
+    (tool/attempt); the inline call in that step needs none."""
     fake_llm.script(
         Reply(tool_calls=[("clock.now", {}), ("debug.noop", {})]),
         Reply(tool_calls=[("debug.sleep", {"seconds": 0.05}), ("debug.noop", {})]),
@@ -393,12 +394,16 @@ def test_local_calls_ride_one_commit_with_the_step_tail(fake_llm: Any, session: 
     assert [k for k, _, _ in rows] == [
         "agent/spawned", "turn/start", "user/message",
         "step/start", "assistant/message", "tool/result", "tool/result", "step/end",
-        "step/start", "assistant/message", "tool/result", "tool/result", "step/end",
+        "step/start", "assistant/message", "tool/attempt", "tool/result", "tool/result", "step/end",
         "step/start", "assistant/message", "step/end", "turn/end",
     ]  # fmt: skip
     at = [t for _, _, t in rows]
     assert at[4] == at[5] == at[6] == at[7] == at[8]  # step 1: one commit, after the local calls
-    assert at[9] < at[10]  # step 2 calls debug.sleep: its message was committed first
+    assert at[9] < at[10] < at[11]  # step 2 calls debug.sleep: its message, then its intent, then the run
+    attempt = rows[10][1]
+    assert attempt["call_id"] == rows[9][1]["tool_calls"][0]["id"] and attempt["attempt"] == 1
+    assert attempt["replay"] == "safe" and rows[11][1]["attempt"] == 1
+    assert "attempt" not in rows[12][1]  # debug.noop ran inline: no intent, nothing to close
     assert [d["is_error"] for k, d, _ in rows if k == "tool/result"] == [False] * 4
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.runtime.effects import effects_audit
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
 
@@ -66,6 +67,14 @@ def test_kill_9_mid_tool_then_fresh_worker_completes(start_worker: Any, fake_llm
     call_id = next(d for _, k, d in log_of(session) if k == "assistant/message")["tool_calls"][0]["id"]
     assert [r["call_id"] for r in results] == [call_id], "the owed call is re-executed exactly once"
     assert results[0]["content"].startswith("slept")
+    # debug.sleep is `safe`: the resume ran attempt 2 under attempt 1's key
+    attempts = [d for _, k, d in log_of(session) if k == "tool/attempt"]
+    assert [(a["call_id"], a["attempt"]) for a in attempts] == [(call_id, 1), (call_id, 2)]
+    assert attempts[0]["idempotency_key"] == attempts[1]["idempotency_key"]
+    assert (attempts[1]["replaces"], attempts[1]["why"]) == (1, "safe")
+    assert results[0]["attempt"] == 2
+    audit = effects_audit(session.id)
+    assert audit.ok, audit.problems
     # step 1 was closed by the resume; step 2 is the final answer
     assert [d["step"] for _, k, d in log_of(session) if k == "step/end"] == [1, 2]
     assert len(fake_llm.requests) == 2

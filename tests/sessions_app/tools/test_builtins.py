@@ -7,6 +7,7 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -57,15 +58,44 @@ def test_builtins_catalogue_and_flags():
         "workspace.list",
         "debug.noop",
         "debug.sleep",
+        "debug.charge",
     }
     for name, defn in BUILTINS.items():
         assert defn.name == name
         assert defn.parameters["type"] == "object"
     write = BUILTINS["workspace.write"]
     assert (write.mutating, write.idempotent, write.approval) == (True, True, "policy")
+    assert write.replay_policy == "reconcile" and write.reconcile is not None
+    charge = BUILTINS["debug.charge"]
+    assert (charge.mutating, charge.idempotent, charge.replay_policy) == (True, False, "never")
     for name in ("clock.now", "workspace.read", "workspace.list", "debug.noop", "debug.sleep"):
         assert BUILTINS[name].mutating is False
         assert BUILTINS[name].approval == "never"
+        assert BUILTINS[name].replay_policy == "safe"
+
+
+def test_debug_charge_appends_one_line_per_execution(ctx):
+    keyed = replace(ctx, idempotency_key="terret:s:3:c", attempt=2)
+    assert run("debug.charge", keyed) == "charged (attempt 2, key terret:s:3:c)"
+    run("debug.charge", keyed, seconds=0)
+    lines = [json.loads(line) for line in (ctx.workspace / "charges.log").read_text().splitlines()]
+    assert [(line["idempotency_key"], line["attempt"], line["call_id"]) for line in lines] == [
+        ("terret:s:3:c", 2, ctx.call_id)
+    ] * 2
+    with pytest.raises(ToolError, match="seconds must be a number from 0 to 30"):
+        run("debug.charge", keyed, seconds=31)
+
+
+def test_workspace_write_reconciles_by_content_hash(ctx):
+    write = BUILTINS["workspace.write"]
+    assert write.reconcile is not None
+    args = {"path": "notes/a.txt", "content": "hello"}
+    assert write.reconcile(ctx, args).state == "not_done"  # nothing there yet
+    run("workspace.write", ctx, **args)
+    done = write.reconcile(ctx, args)
+    assert (done.state, done.result) == ("done", "wrote 5 bytes to notes/a.txt")
+    assert write.reconcile(ctx, {**args, "content": "hello!"}).state == "not_done"
+    assert write.reconcile(ctx, {"path": "../escape", "content": "x"}).state == "not_done"
 
 
 def test_clock_now_is_current_utc_iso8601(ctx):

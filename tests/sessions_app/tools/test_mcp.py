@@ -120,8 +120,10 @@ def test_slow_server_tools_and_annotations():
     assert tools["mcp.slow.echo"].mutating is False
     note = tools["mcp.slow.add_note"]
     assert (note.approval, note.mutating, note.idempotent) == ("policy", True, False)
-    # No annotations at all: Terret does not guess that it is destructive.
-    assert (tools["mcp.slow.fail"].approval, tools["mcp.slow.fail"].mutating) == ("never", False)
+    # No annotations at all: MCP's defaults (may change things, not
+    # idempotent), so the policy mode asks and a crash is not re-run blindly.
+    fail = tools["mcp.slow.fail"]
+    assert (fail.approval, fail.mutating, fail.idempotent, fail.replay_policy) == ("policy", True, False, "never")
 
 
 def test_listing_is_cached():

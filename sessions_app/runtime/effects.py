@@ -1,0 +1,324 @@
+"""The effect ledger: every external effect's intent, outcome, and what a
+resume may do about an attempt that has none.
+
+Before a tool that is not inline runs, the runner commits `tool/attempt`
+(the intent); the `tool/result` that follows names the attempt it closes.
+A turn re-entered after a crash can therefore tell a call that never started
+(no attempt) from one that may have had its effect (an attempt, no outcome).
+For the latter it decides by the tool's replay policy, the one recorded at
+the attempt and the one the tool declares now, whichever is stricter:
+
+- `safe`: run it again, a new attempt under the same idempotency key;
+- `reconcile`: ask the target (the tool's reconcile hook) and record its
+  answer, run it again only if the target says it did not happen;
+- `never`, or a target that cannot tell: `tool/unknown`, and the turn waits
+  for an operator (tool/resolved: rerun, done or failed).
+
+`effects_audit` checks the whole ledger of a session; the kill and chaos
+tests run it after every round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sessions_app.log.records import LoggedEvent
+from sessions_app.models import Event
+from sessions_app.tools.base import REPLAYS, Definition, Replay
+
+State = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
+# Why an attempt replaces one that had no outcome (tool/attempt `replaces`).
+REASONS = {"safe": "safe", "not_done": "reconcile", "rerun": "never"}
+LEDGER_KINDS = ("assistant/message", "tool/attempt", "tool/result", "tool/unknown", "tool/resolved", "turn/start")
+
+
+def idempotency_key(session_id: uuid.UUID, message_seq: int, call_id: str) -> str:
+    """The same for every attempt of one call, on every worker; another for
+    every other call (the message's seq tells apart providers that reuse
+    call ids across replies)."""
+    return f"terret:{session_id}:{message_seq}:{call_id}"
+
+
+def stricter(recorded: str, current: Definition) -> Replay:
+    """What a resume may do: the stricter of the policy the attempt was
+    admitted under and the one the tool declares now. Replay safety is
+    never assumed: a policy the log does not know counts as `never`."""
+    now = current.replay_policy
+    then: Replay = recorded if recorded in REPLAYS else "never"  # type: ignore[assignment]
+    return max(then, now, key=REPLAYS.index)
+
+
+@dataclass
+class Attempt:
+    """One attempt of one call, and what the log says became of it."""
+
+    seq: int
+    call_id: str
+    name: str
+    number: int
+    data: dict[str, Any]
+    result_seq: int | None = None
+    result: dict[str, Any] | None = None
+    unknown_seq: int | None = None
+    resolution: dict[str, Any] | None = None
+    resolution_seq: int | None = None
+    at: datetime | None = None
+    # The attempt that replaced this one, which had no outcome, and why.
+    superseded_by: Attempt | None = None
+
+    @property
+    def state(self) -> State:
+        if self.unknown_seq is not None:
+            return "resolved" if self.resolution is not None else "unknown"
+        if self.result is not None:
+            return "failed" if self.result.get("is_error") else "done"
+        if self.superseded_by is not None:
+            return "superseded"
+        return "in_flight"
+
+
+@dataclass
+class CallLedger:
+    """The attempts of one call of an assistant message (the message at
+    `after`: an attempt belongs to the latest message before it that made a
+    call with its id)."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+def ledgers(events: list[LoggedEvent], *, after: int = 0) -> dict[str, CallLedger]:
+    """The attempts after seq `after` by call id, with their outcomes."""
+    out: dict[str, CallLedger] = {}
+    for e in events:
+        if e.seq <= after:
+            continue
+        _apply(out, e)
+    return out
+
+
+def _apply(out: dict[str, CallLedger], e: LoggedEvent, at: datetime | None = None) -> Attempt | None:
+    if e.kind == "tool/attempt":
+        a = Attempt(e.seq, e.data["call_id"], e.data["name"], e.data["attempt"], e.data, at=at)
+        ledger = out.setdefault(a.call_id, CallLedger())
+        replaced = e.data.get("replaces")
+        for prior in ledger.attempts:
+            if prior.number == replaced and prior.superseded_by is None:
+                prior.superseded_by = a
+        ledger.attempts.append(a)
+        return a
+    if e.kind not in ("tool/result", "tool/unknown", "tool/resolved"):
+        return None
+    found = out.get(e.data["call_id"])
+    number = e.data.get("attempt")
+    if found is None or number is None:
+        return None
+    target = next((a for a in reversed(found.attempts) if a.number == number), None)
+    if target is None:
+        return None
+    if e.kind == "tool/result" and target.result is None:
+        target.result, target.result_seq = e.data, e.seq
+    elif e.kind == "tool/unknown" and target.unknown_seq is None:
+        target.unknown_seq = e.seq
+    elif e.kind == "tool/resolved" and target.resolution is None:
+        target.resolution, target.resolution_seq = e.data, e.seq
+    return target
+
+
+# -- reading the whole ledger of a session (operators, the audit) ----------
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One attempt as an operator sees it."""
+
+    call_id: str
+    tool: str
+    attempt: int
+    state: State
+    replay: str
+    idempotency_key: str
+    arguments: str
+    step: int | None
+    worker: str
+    fence: int
+    attempted_at: datetime | None
+    attempt_seq: int
+    turn_seq: int
+    turn_open: bool
+    result: str | None
+    resolution: dict[str, Any] | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "attempt": self.attempt,
+            "state": self.state,
+            "replay": self.replay,
+            "idempotency_key": self.idempotency_key,
+            "arguments": self.arguments,
+            "step": self.step,
+            "worker": self.worker,
+            "fence": self.fence,
+            "attempted_at": self.attempted_at.isoformat() if self.attempted_at else None,
+            "attempt_seq": self.attempt_seq,
+            "turn_seq": self.turn_seq,
+            "turn_open": self.turn_open,
+            "result": self.result,
+            "resolution": self.resolution,
+        }
+
+
+@dataclass
+class _Scan:
+    """One pass over a session's ledger events, in seq order."""
+
+    # Each attempt with its turn's seq, the seq of the message that made the
+    # call (a call is its message and its id: providers reuse ids), the arguments.
+    attempts: list[tuple[Attempt, int, int, str]] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    double_results: list[str] = field(default_factory=list)
+    turns_open: set[int] = field(default_factory=set)
+
+
+def _scan(session_id: uuid.UUID | str) -> _Scan:
+    scan = _Scan()
+    rows = (
+        Event.objects.filter(session_id=session_id, kind__in=(*LEDGER_KINDS, "turn/end"))
+        .order_by("seq")
+        .values_list("seq", "kind", "data", "created_at")
+        .iterator(chunk_size=2000)
+    )
+    turn_seq = 0
+    ledger: dict[str, CallLedger] = {}
+    arguments: dict[str, str] = {}
+    made_by: dict[str, int] = {}
+    for seq, kind, data, created_at in rows:
+        e = LoggedEvent(seq, kind, data)
+        if kind == "turn/start":
+            turn_seq, ledger = seq, {}
+            scan.turns_open.add(seq)
+            continue
+        if kind == "turn/end":
+            scan.turns_open.discard(turn_seq)
+            continue
+        if kind == "assistant/message":
+            for call in data.get("tool_calls") or []:
+                arguments[call["id"]] = call["arguments"]
+                made_by[call["id"]] = seq
+                ledger.pop(call["id"], None)  # a reused id starts a new call
+            continue
+        if kind == "tool/result" and "attempt" in data:
+            prior = ledger.get(data["call_id"])
+            match = next((a for a in prior.attempts if a.number == data["attempt"]), None) if prior else None
+            if match is None:
+                scan.orphans.append(
+                    f"seq {seq}: tool/result for {data['call_id']} names attempt "
+                    f"{data['attempt']}, which was never recorded"
+                )
+                continue
+            if match.result is not None:
+                scan.double_results.append(f"seq {seq}: a second outcome for attempt {match.number} of {match.call_id}")
+                continue
+        attempt = _apply(ledger, e, at=created_at)
+        if kind == "tool/attempt" and attempt is not None:
+            scan.attempts.append(
+                (attempt, turn_seq, made_by.get(attempt.call_id, 0), arguments.get(attempt.call_id, ""))
+            )
+    return scan
+
+
+def effects(session_id: uuid.UUID | str) -> list[Effect]:
+    """Every attempt of the session, oldest first, with its state."""
+    scan = _scan(session_id)
+    out = []
+    for a, turn_seq, _, args in scan.attempts:
+        out.append(
+            Effect(
+                call_id=a.call_id,
+                tool=a.name,
+                attempt=a.number,
+                state=a.state,
+                replay=str(a.data.get("replay", "")),
+                idempotency_key=str(a.data.get("idempotency_key", "")),
+                arguments=args,
+                step=a.data.get("step"),
+                worker=str(a.data.get("worker", "")),
+                fence=int(a.data.get("fence", 0)),
+                attempted_at=a.at,
+                attempt_seq=a.seq,
+                turn_seq=turn_seq,
+                turn_open=turn_seq in scan.turns_open,
+                result=None if a.result is None else str(a.result.get("content", "")),
+                resolution=a.resolution,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The effect audit of one session: counts by state, and what is wrong."""
+
+    counts: dict[str, int]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def effects_audit(session_id: uuid.UUID | str) -> Audit:
+    """Every attempt is in exactly one state: an intent with an outcome
+    (done, failed), an intent marked unknown and resolved, an intent marked
+    unknown and pending, an intent without outcome that a later attempt
+    replaced for a recorded reason (superseded), or (only while its turn is
+    open) in flight. No outcome names an attempt that was never recorded, no
+    attempt has two outcomes, and a call runs again only as its policy
+    allows: a `safe` tool by itself, a `reconcile` tool when its target said
+    not done, any other only after an operator's rerun."""
+    scan = _scan(session_id)
+    problems = [*scan.orphans, *scan.double_results]
+    counts: Counter[str] = Counter()
+    by_call: dict[tuple[int, str], list[Attempt]] = {}
+    for a, turn_seq, message_seq, _ in scan.attempts:
+        counts[a.state] += 1
+        by_call.setdefault((message_seq, a.call_id), []).append(a)
+        if a.state == "in_flight" and turn_seq not in scan.turns_open:
+            problems.append(f"attempt {a.number} of {a.call_id} (seq {a.seq}) has no outcome, and its turn is closed")
+    for (_, call_id), attempts in by_call.items():
+        for before, after in itertools.pairwise(attempts):
+            if after.number != before.number + 1:
+                problems.append(f"{call_id}: attempt {after.number} follows attempt {before.number}")
+            if before.result_seq is not None and before.result_seq < after.seq:
+                problems.append(f"{call_id}: attempt {after.number} runs after attempt {before.number} had an outcome")
+            problems.extend(_replay_problems(call_id, before, after))
+    counts["calls"] = len(by_call)
+    return Audit(dict(counts), problems)
+
+
+def _replay_problems(call_id: str, before: Attempt, after: Attempt) -> list[str]:
+    """Whether `after` was allowed to run, given `before`."""
+    why = after.data.get("why")
+    if after.data.get("replaces") != before.number or why not in REASONS:
+        return [f"{call_id}: attempt {after.number} does not say which attempt it replaces, or why"]
+    rerun = (before.resolution or {}).get("action") == "rerun"
+    if why == "rerun":
+        return [] if rerun else [f"{call_id}: attempt {after.number} claims an operator's rerun that is not on record"]
+    if before.state != "superseded":
+        return [f"{call_id}: attempt {after.number} replaces attempt {before.number}, which is {before.state}"]
+    # The reason's policy must be at least as strict as the one recorded: a
+    # safe tool may be reconciled, a `never` tool is never replayed by itself.
+    policy = str(before.data.get("replay"))
+    if policy not in REPLAYS or REPLAYS.index(REASONS[why]) < REPLAYS.index(policy):  # type: ignore[arg-type]
+        return [f"{call_id}: a `{policy}` tool ran again (attempt {after.number}) as if it were `{REASONS[why]}`"]
+    return []

@@ -1,0 +1,88 @@
+"""A stdio MCP server that records every execution, for the effect-ledger tests.
+
+Run it as `python -m tests.fakes.effects_mcp_server` with EFFECTS_LOG set to
+a file: each tool execution appends one JSON line to it, with the idempotency
+key, attempt and fence the client sent in the request's `_meta` (None when it
+sent none). Counting lines is how a test counts executions at the target.
+
+Its tools differ only in their annotations (mcp 2.x `MCPServer` API):
+`lookup` is read-only, `upsert` idempotent, `destroy` destructive (and
+idempotent), `mutate` has no annotations at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+KEY, ATTEMPT, FENCE = "io.terret/idempotency_key", "io.terret/attempt", "io.terret/fence"
+
+server = MCPServer("effects", version="1.0", log_level="WARNING", subscriptions=False)
+
+Seconds = Annotated[float, Field(ge=0, le=30)]
+
+
+def _record(tool: str, label: str, ctx: Context) -> None:
+    meta: Any = ctx.request_context.meta or {}
+    line = {
+        "tool": tool,
+        "label": label,
+        "key": meta.get(KEY),
+        "attempt": meta.get(ATTEMPT),
+        "fence": meta.get(FENCE),
+        "pid": os.getpid(),
+    }
+    fd = os.open(os.environ["EFFECTS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _run(tool: str, done: str, ctx: Context, seconds_before: float, seconds_after: float, label: str) -> str:
+    await anyio.sleep(seconds_before)
+    _record(tool, label, ctx)
+    await anyio.sleep(seconds_after)
+    return f"{done}{f' {label}' if label else ''}"
+
+
+@server.tool(
+    description="Look something up (changes nothing).",
+    annotations=ToolAnnotations(read_only_hint=True),
+)
+async def lookup(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seconds = 0, label: str = "") -> str:
+    return await _run("lookup", "looked up", ctx, seconds_before, seconds_after, label)
+
+
+@server.tool(
+    description="Insert or update a record (running it twice is running it once).",
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+)
+async def upsert(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seconds = 0, label: str = "") -> str:
+    return await _run("upsert", "upserted", ctx, seconds_before, seconds_after, label)
+
+
+@server.tool(description="Change something (no annotations at all).")
+async def mutate(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seconds = 0, label: str = "") -> str:
+    return await _run("mutate", "mutated", ctx, seconds_before, seconds_after, label)
+
+
+@server.tool(
+    description="Destroy a record (destructive, though idempotent).",
+    annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=True),
+)
+async def destroy(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seconds = 0, label: str = "") -> str:
+    return await _run("destroy", "destroyed", ctx, seconds_before, seconds_after, label)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    server.run("stdio")
