@@ -45,6 +45,8 @@ META_KINDS = frozenset(
         "agent/disposed",
         # The header says the session waits for an agent slot while it does.
         "agent/waiting",
+        # An intent is bookkeeping; an unknown outcome and its resolution are not.
+        "tool/attempt",
     }
 )
 STATUS_LABELS = {

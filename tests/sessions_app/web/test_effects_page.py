@@ -17,6 +17,7 @@ from django.urls import reverse
 from sessions_app import log, services
 from sessions_app.log.reads import event_frames
 from sessions_app.models import Session
+from sessions_app.services import effects as effect_services
 from sessions_app.web.present import STATUS_LABELS, ChatFollower, shorten
 from tests.helpers import client_for, events, kinds
 from tests.sessions_app.apiutil import make_reviewer
@@ -205,3 +206,17 @@ def test_the_socket_brings_the_header_and_the_notice_up_to_date(chat: Session, o
     html = "".join(f.html for f in follower.events(event_frames(chat.id, seq)))
     assert 'data-status="running"' in html
     assert '<section id="effects"' in html and 'data-call-id="c1"' not in html.split('<section id="effects"')[1]
+
+
+def test_the_ledger_rows_read_as_sentences(chat: Session, operator: Any) -> None:
+    """The intent is bookkeeping (hidden unless all events are shown); the
+    unknown outcome and its resolution are part of the conversation."""
+    waiting_on(chat, "c1")
+    effect_services.resolve(chat.id, "c1", "failed", reason="the target says no", by="operator")
+    html = page(client_for(operator), chat)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r'<li id="ev-\d+"[^>]*data-kind="([^"]+)"[^>]*>', html)}
+    assert " meta" in rows["tool/attempt"]
+    assert " meta" not in rows["tool/unknown"] and " meta" not in rows["tool/resolved"]
+    assert "Attempt 1 of <code>workspace.write</code> (replay never)" in html
+    assert "Outcome of <code>workspace.write</code> (attempt 1) unknown" in html
+    assert "Resolved by operator: marked failed (the target says no)" in html
