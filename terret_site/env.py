@@ -79,3 +79,23 @@ def env_url(name: str, default: str | None, *, schemes: set[str]) -> str | None:
     if parsed.scheme not in schemes:
         raise ImproperlyConfigured(f"{name}={raw!r}: scheme must be one of {sorted(schemes)}")
     return raw
+
+
+def env_pauses(name: str, points: frozenset[str]) -> dict[tuple[str, str], float]:
+    """`point:tool=seconds,...` (e.g. `after_intent:workspace.write=5`) as
+    {(point, tool): seconds}; an unknown point or a bad number stops the process."""
+    out: dict[tuple[str, str], float] = {}
+    for item in env_list(name, []):
+        spec, _, seconds = item.partition("=")
+        point, _, tool = spec.partition(":")
+        if point not in points or not tool:
+            known = ", ".join(sorted(points))
+            raise ImproperlyConfigured(f"{name}: {item!r} must be <point>:<tool>=<seconds>, point one of {known}")
+        try:
+            value = float(seconds)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r}: {seconds!r} is not a number of seconds") from None
+        if not 0 <= value <= 600:
+            raise ImproperlyConfigured(f"{name}: {item!r}: seconds must be from 0 to 600")
+        out[(point, tool)] = value
+    return out

@@ -18,7 +18,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
-from terret_site.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from terret_site.env import env_bool, env_float, env_int, env_list, env_pauses, env_str, env_url
 
 # Lets ModelAdmin[Model] and QuerySet[Model] be written at runtime for mypy.
 django_stubs_ext.monkeypatch()
@@ -225,6 +225,9 @@ TERRET_CANCEL_POLL_SECONDS = env_float("TERRET_CANCEL_POLL_SECONDS", 0.5, minimu
 TERRET_LIVENESS_POLL_SECONDS = env_float("TERRET_LIVENESS_POLL_SECONDS", 0.5, minimum=0.05)
 # An agent with no turn for this long is disposed of; the next stimulus respawns it.
 TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimum=1.0)
+# Fault injection for crash tests, never for production: pause a worker at a point of a
+# tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
+TERRET_FAILPOINTS = env_pauses("TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect"}))
 # Whether a session's owner may resolve its effects of unknown outcome (re-run a tool
 # call, or record it done or failed); staff always may (docs/protocol.md).
 TERRET_OWNER_MAY_RESOLVE = env_bool("TERRET_OWNER_MAY_RESOLVE", False)

@@ -46,7 +46,7 @@ from sessions_app.llm.types import ModelCancelled, ModelError, ModelReply, ToolC
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, effects, failures, hooks, lifecycle, storable
+from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, storable
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
@@ -385,7 +385,9 @@ class TurnRunner:
         self.outbox.emit("tool/attempt", intent)
         self.flush()  # the intent, and earlier results, are durable before the effect
         connection.close()  # tools may be slow; hold no connection meanwhile
+        failpoints.pause("after_intent", defn.name)
         outcome = execute(defn, ctx, call.arguments)
+        failpoints.pause("after_effect", defn.name)
         self.result(call, outcome.content, outcome.is_error, attempt=number)
 
     def settle(self, defn: Definition, call: ToolCall, last: effects.Attempt, message_seq: int) -> Any:

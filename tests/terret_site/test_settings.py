@@ -251,3 +251,28 @@ def test_env_example_is_a_valid_configuration(tmp_path: Path) -> None:
             values[m.group(1)] = m.group(2).strip().strip('"')
     got = ok(tmp_path, **values)
     assert got["engine"] == "django.db.backends.sqlite3"
+
+
+def test_failpoints_are_parsed_and_refused_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from terret_site.env import env_pauses
+
+    points = frozenset({"after_intent", "after_effect"})
+    monkeypatch.delenv("TERRET_FAILPOINTS", raising=False)
+    assert env_pauses("TERRET_FAILPOINTS", points) == {}
+    monkeypatch.setenv("TERRET_FAILPOINTS", "after_intent:workspace.write=5,after_effect:mcp.fx.upsert=0.5")
+    assert env_pauses("TERRET_FAILPOINTS", points) == {
+        ("after_intent", "workspace.write"): 5.0,
+        ("after_effect", "mcp.fx.upsert"): 0.5,
+    }
+    for bad, says in [
+        ("before_intent:x=1", "must be <point>:<tool>=<seconds>"),
+        ("after_intent=1", "must be <point>:<tool>=<seconds>"),
+        ("after_intent:x=soon", "is not a number"),
+        ("after_intent:x=601", "from 0 to 600"),
+    ]:
+        monkeypatch.setenv("TERRET_FAILPOINTS", bad)
+        with pytest.raises(ImproperlyConfigured, match=says):
+            env_pauses("TERRET_FAILPOINTS", points)
+    assert settings.TERRET_FAILPOINTS == {}  # never set outside a crash test's worker

@@ -4,7 +4,9 @@ A worker dies between an effect's intent (tool/attempt) and its outcome, or
 just after the outcome committed; a fresh worker process takes the sessions
 over (liveness makes that immediate on PostgreSQL) and does what the tool's
 replay policy allows, and no more. Executions are counted at the target:
-debug.charge appends one line per execution to the session's charges.log.
+debug.charge appends one line per execution to the session's charges.log;
+a workspace.write is seen in its file's inode and mtime. The kill lands at
+an exact point when the worker pauses there (TERRET_FAILPOINTS).
 The audit counts are printed for the record (run with -s)."""
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ def make_session(make_user: Any, settings: Any, tmp_path: Path) -> Callable[[], 
     profile = AgentProfile.objects.create(
         name="effects-kill",
         roles={"main": "test/model"},
-        builtin_tools=["debug.charge", "debug.sleep", "debug.noop"],
+        builtin_tools=["debug.charge", "debug.sleep", "debug.noop", "workspace.write"],
         allow_floor=["*"],
+        approvals={"workspace.write": "never"},  # no human in these tests: the write runs when called
     )
     return lambda: services.create_session(owner, profile)
 
@@ -205,5 +208,59 @@ def test_kill_9_mid_safe_tool_reruns_it_once_under_the_same_key(
     assert [e.state for e in effects(session.id)] == ["superseded", "done"]
     (result,) = events(session, "tool/result")
     assert result["attempt"] == 2 and result["content"] == "slept 4" and "via" not in result
+    assert "tool/unknown" not in kinds_of(session)
+    assert len(fake_llm.requests) == 2
+
+
+PAUSE = 30  # the failpoint's pause: far longer than the kill takes to land
+
+
+def written(session: Session, name: str) -> Path:
+    return workspace_dir(session.id) / name
+
+
+@pytest.mark.parametrize("point", ["after_intent", "after_effect"])
+def test_kill_9_of_a_write_reconciles_with_the_file(
+    point: str, start_worker: Any, fake_llm: Any, make_session: Callable[[], Session]
+) -> None:
+    """kill -9 with the write's intent committed: before the write ran
+    (after_intent) the target says not done and the write runs once, as
+    attempt 2; after it ran (after_effect) the target says done, and the
+    file is not written again (same inode, same mtime)."""
+    args = {"path": "report.txt", "content": "the quarterly report"}
+    fake_llm.script(Reply(tool_calls=[("workspace.write", args)]), Reply(text="written"))
+    session = make_session()
+    first = start_worker(name="a", TERRET_FAILPOINTS=f"{point}:workspace.write={PAUSE}")
+    services.inject(session.id, "write the report", wake=True)
+    target = written(session, "report.txt")
+    if point == "after_intent":
+        wait_for(lambda: has(session, "tool/attempt"), what="the intent")
+        time.sleep(0.3)  # the worker sits in the failpoint, before the write
+        assert not target.exists()
+    else:
+        wait_for(target.exists, what="the write's effect")
+        time.sleep(0.3)  # the worker sits in the failpoint, before the result commits
+    before = target.stat() if target.exists() else None
+    first.kill()
+    assert not has(session, "tool/result")
+
+    start_worker(name="b")
+    wait_for(lambda: has(session, "turn/end"), timeout=40, what="turn/end after recovery")
+    assert_recovered(session, f"reconcile, killed {point}")
+    assert target.read_text() == args["content"]
+    attempts = events(session, "tool/attempt")
+    (result,) = events(session, "tool/result")
+    assert result["is_error"] is False and result["content"] == "wrote 20 bytes to report.txt"
+    if point == "after_intent":
+        assert [(a["attempt"], a.get("why")) for a in attempts] == [(1, None), (2, "not_done")]
+        assert result["attempt"] == 2 and "via" not in result
+        assert [e.state for e in effects(session.id)] == ["superseded", "done"]
+    else:
+        assert before is not None
+        after = target.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "written again"
+        assert [a["attempt"] for a in attempts] == [1]
+        assert (result["attempt"], result["via"]) == (1, "reconcile")
+        assert [e.state for e in effects(session.id)] == ["done"]
     assert "tool/unknown" not in kinds_of(session)
     assert len(fake_llm.requests) == 2

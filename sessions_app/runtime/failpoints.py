@@ -1,0 +1,25 @@
+"""Fault injection for crash tests: pause a worker at a named point of a
+tool call, so a test can `kill -9` it exactly there.
+
+Points: `after_intent` (the tool/attempt is committed, the tool has not run)
+and `after_effect` (the tool ran, its tool/result is not committed). They
+are set per tool with TERRET_FAILPOINTS=`<point>:<tool>=<seconds>,...`,
+read once at start; unset (always, outside tests) a point costs one dict
+lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+
+def pause(point: str, tool: str) -> None:
+    seconds = settings.TERRET_FAILPOINTS.get((point, tool)) if settings.TERRET_FAILPOINTS else None
+    if seconds:
+        logger.warning("failpoint %s:%s: pausing %.1fs (TERRET_FAILPOINTS)", point, tool, seconds)
+        time.sleep(seconds)
