@@ -22,11 +22,17 @@ from sessions_app.web.dashboard import compact_outcome
 from sessions_app.web.present import status_label
 
 # The profile's tool and model configuration, and what an empty field means.
-CHECKED_FIELDS: dict[str, Any] = {"roles": dict, "builtin_tools": list, "mcp_servers": list, "approvals": dict}
+CHECKED_FIELDS: dict[str, Any] = {
+    "roles": dict,
+    "builtin_tools": list,
+    "mcp_servers": list,
+    "approvals": dict,
+    "context_windows": dict,
+}
 
 
 class ProfileChecks(forms.ModelForm[AgentProfile]):
-    """Checks the roles, tools, MCP servers and approval overrides as the
+    """Checks the roles, tools, MCP servers, approval overrides and context windows as the
     runtime would use them (runtime/profiles.py), each problem on its field."""
 
     def clean(self) -> dict[str, Any]:
@@ -54,6 +60,7 @@ class AgentProfileForm(ProfileChecks):
             "allow_floor",
             "approvals",
             "compaction_budget",
+            "context_windows",
             "summarizer",
             "system_prompt",
             "created_at",

@@ -38,6 +38,12 @@ class AgentProfile(models.Model):
     # {"tool.name": "never" | "policy" | "always"} overriding each tool's default
     approvals = models.JSONField(default=dict, blank=True)
     compaction_budget = models.PositiveIntegerField(default=100_000)
+    # {"main": 128000, "compactor": 32000}: the context window, in tokens, of a
+    # role's model; a role left out has none declared (one may be learned from
+    # a provider's context-length error: ModelWindow).
+    context_windows = models.JSONField(
+        default=dict, blank=True, help_text='Context window in tokens per model role, e.g. {"main": 128000}'
+    )
     summarizer = models.CharField(max_length=16, choices=SUMMARIZER_CHOICES, default="role")
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -222,6 +228,18 @@ class InputReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} {self.key} → {self.disposition}"
+
+
+class ModelWindow(models.Model):
+    """A model's context window as learned from a provider's context-length
+    error (the model/window event's extra write), for every session that
+    uses the model; the event in the session's log is the record."""
+
+    spec = models.CharField(max_length=200, unique=True)
+    tokens = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.spec}: {self.tokens} tokens"
 
 
 class UsageDay(models.Model):

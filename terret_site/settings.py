@@ -225,6 +225,10 @@ TERRET_CANCEL_POLL_SECONDS = env_float("TERRET_CANCEL_POLL_SECONDS", 0.5, minimu
 TERRET_LIVENESS_POLL_SECONDS = env_float("TERRET_LIVENESS_POLL_SECONDS", 0.5, minimum=0.05)
 # An agent with no turn for this long is disposed of; the next stimulus respawns it.
 TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimum=1.0)
+# Context windows (docs/compaction.md): a request's tokens are estimated as its characters
+# over this, and this many tokens (at most an eighth of the window) are left for the reply.
+TERRET_CHARS_PER_TOKEN = env_float("TERRET_CHARS_PER_TOKEN", 3.5, minimum=1.0)
+TERRET_CONTEXT_RESERVE_TOKENS = env_int("TERRET_CONTEXT_RESERVE_TOKENS", 4096, minimum=0)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
 TERRET_FAILPOINTS = env_pauses("TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect"}))

@@ -53,6 +53,17 @@ def fast_password_hashing(request: pytest.FixtureRequest, settings: Any) -> None
         settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def no_learned_windows() -> Any:
+    """A context window one test's fake provider taught this process
+    (runtime/windows.py keeps it for a minute) must not shrink the next
+    test's requests: its ModelWindow row is gone with the test's database."""
+    yield
+    from sessions_app.runtime import windows
+
+    windows.forget()
+
+
 @pytest.fixture
 def make_user(django_user_model: Any) -> Callable[..., Any]:
     counter = iter(range(1, 1_000_000))

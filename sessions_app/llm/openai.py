@@ -38,6 +38,7 @@ from django.conf import settings
 from sessions_app.llm import deadline
 from sessions_app.llm.abort import DEADLINE, Abort
 from sessions_app.llm.types import (
+    ContextTooLong,
     DeltaSink,
     ModelError,
     ModelNotConfigured,
@@ -323,9 +324,94 @@ def _status_code(raw: Any) -> int | None:
     return None
 
 
+# -- context-length errors: recognised here and nowhere else ----------------
+
+CONTEXT_LENGTH_CODE = "context_length_exceeded"
+# Each pattern finds a context-length complaint in the provider's words; its
+# named groups, when present, carry the figures.
+_CONTEXT_PATTERNS = (
+    # OpenAI: "This model's maximum context length is 8192 tokens. However, your
+    # messages resulted in 9000 tokens"; OpenRouter, DeepSeek, vLLM: "This
+    # endpoint's maximum context length is 8192 tokens. However, you requested
+    # about 9000 tokens (…)" (also seen with ", however" and without "about").
+    re.compile(
+        r"maximum context length is (?P<limit>\d[\d,]*) tokens"
+        r"(?:.{0,80}?(?:resulted in|requested(?: about)?) (?P<requested>\d[\d,]*) tokens)?",
+        re.IGNORECASE | re.DOTALL,
+    ),
+    # Anthropic (directly, or through OpenRouter's metadata.raw):
+    # "prompt is too long: 210000 tokens > 200000 maximum".
+    re.compile(
+        r"prompt is too long(?::\s*(?P<requested>\d[\d,]*) tokens\s*>\s*(?P<limit>\d[\d,]*) maximum)?",
+        re.IGNORECASE,
+    ),
+    # Anywhere in the message: "context length exceeded", "context_length_exceeded".
+    re.compile(r"context[ _-]length[ _-]exceeded", re.IGNORECASE),
+)
+
+
+def _tokens(raw: str | None) -> int | None:
+    return int(raw.replace(",", "")) if raw else None
+
+
+def _context_figures(text: str) -> tuple[int | None, int | None] | None:
+    """(limit, requested) when `text` says the context length was exceeded."""
+    for pattern in _CONTEXT_PATTERNS:
+        match = pattern.search(text)
+        if match is not None:
+            groups = match.groupdict()
+            return _tokens(groups.get("limit")), _tokens(groups.get("requested"))
+    return None
+
+
+def context_error(status: int | None, error: Any, message: str) -> ContextTooLong | None:
+    """The ContextTooLong to raise when a provider error says the request
+    is longer than the model's context window, else None.
+
+    The one place such errors are recognised, for HTTP error responses and
+    OpenRouter-style in-stream `error` chunks alike. `status`: the response's
+    HTTP status, or the chunk's HTTP-like `code` (None when it has none).
+    `error`: the body's `error` object, or the provider's text when there is
+    none. `message`: what the exception says (already redacted and cut).
+
+    It is one when the error's `code` or `type` is `context_length_exceeded`
+    (whatever the status), or when the status is a permanent 4xx (or an
+    in-stream error has no HTTP-like code) and the provider's words match a
+    _CONTEXT_PATTERNS entry. The token figures are parsed from the provider's
+    full text (OpenRouter's `metadata.raw` included) before any cut."""
+    if isinstance(error, dict):
+        text = _error_text(error)
+        labels = (error.get("code"), error.get("type"))
+        by_code = any(isinstance(v, str) and v.lower() == CONTEXT_LENGTH_CODE for v in labels)
+    else:
+        text, by_code = str(error), False
+    permanent = status is None or (400 <= status < 500 and not _retryable(status))
+    if not (by_code or permanent):
+        return None  # a throttle or an outage, whatever its words: retried as before
+    figures = _context_figures(text)
+    if figures is None and not by_code:
+        return None
+    limit, requested = figures or (None, None)
+    return ContextTooLong(message, limit_tokens=limit, requested_tokens=requested)
+
+
+def _error_object(response: httpx.Response) -> Any:
+    """The body's `error` value (an object or a string), or None."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("error") if isinstance(body, dict) else None
+
+
 def _http_error(response: httpx.Response, secrets: Iterable[str]) -> Exception:
-    text = _provider_text(_provider_message(response), secrets)
+    raw = _provider_message(response)
+    text = _provider_text(raw, secrets)
     message = f"HTTP {response.status_code} from the model provider: {text}"
+    error = _error_object(response)
+    too_long = context_error(response.status_code, error if error is not None else raw, message)
+    if too_long is not None:
+        return too_long
     if _retryable(response.status_code):
         return _Transient(message, retry_after=_retry_after(response))
     # Any other 4xx (a bad request or key, no credits, an unknown model) fails the same way every time.
@@ -340,6 +426,9 @@ def _chunk_error(chunk: dict[str, Any], secrets: Iterable[str]) -> Exception | N
     message = _error_text(error) if isinstance(error, dict) else str(error)
     text = f"model provider error mid-stream: {_provider_text(message, secrets)}"
     code = _status_code(error.get("code") if isinstance(error, dict) else None)
+    too_long = context_error(code, error, text)
+    if too_long is not None:
+        return too_long
     if code is not None and _retryable(code):
         return _Transient(text)
     if code is not None and 400 <= code < 500:
@@ -487,7 +576,8 @@ class OpenAIAdapter:
         abort: Abort | None = None,
     ) -> ModelReply:
         """The model's reply. Raises ModelRejected (a 4xx other than 408/429,
-        at once), ModelUnavailable (retries exhausted), TornStream (the stream
+        at once; ContextTooLong when the request outgrew the model's context
+        window, see context_error), ModelUnavailable (retries exhausted), TornStream (the stream
         broke after text was shown), ModelDeadline (the deadline passed) or
         ModelCancelled (`abort` was set; its `partial` holds what streamed)."""
         request = self._build(spec, messages, tools)

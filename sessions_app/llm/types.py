@@ -77,6 +77,23 @@ class ModelRejected(ModelError):
     request, an unknown model, a bad key); the same request will fail again."""
 
 
+class ContextTooLong(ModelRejected):
+    """The request does not fit the model's context window (the provider said
+    so: llm/openai.py `context_error`). Permanent: the same messages fail
+    again; only a shorter request (compaction) can succeed. `limit_tokens`
+    and `requested_tokens` are the provider's figures, None when its message
+    gave none."""
+
+    def __init__(self, message: str, limit_tokens: int | None = None, requested_tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.limit_tokens = limit_tokens
+        self.requested_tokens = requested_tokens
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (Celery, multiprocessing) with its figures, not just the message.
+        return (type(self), (str(self), self.limit_tokens, self.requested_tokens))
+
+
 class ModelNotConfigured(ModelError):
     """A role has no model and no fallback applies."""
 

@@ -108,6 +108,12 @@ _USAGE_DAY_UPSERT = (
 )
 
 
+_MODEL_WINDOW_UPSERT = (
+    "INSERT INTO sessions_app_modelwindow (spec, tokens) SELECT %s, %s FROM s WHERE true "
+    "ON CONFLICT (spec) DO UPDATE SET tokens = excluded.tokens"
+)
+
+
 def _usage_day(usage: Json | None, *, step: bool) -> list[Assignment]:
     """The per-profile per-UTC-day running total (UsageDay), same figures as _usage_totals."""
     unpriced = usage is None or usage.get("cost") is None
@@ -171,9 +177,13 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "session/compacted",
-            _obj({"upto_seq": {"type": "integer", "minimum": 0}, "summary": _STR}, ["upto_seq", "summary"]),
+            _obj(
+                {"upto_seq": {"type": "integer", "minimum": 0}, "summary": _STR, "turn_seq": _SEQ},
+                ["upto_seq", "summary"],
+            ),
             True,
-            "Every event at or before upto_seq is replaced by summary in the model's view.",
+            "Every event at or before upto_seq is replaced by summary in the model's view. `turn_seq` marks a "
+            "compaction inside the open turn that began there, at a step boundary (docs/compaction.md).",
             lambda d: [("compacted_seq = NEW_SEQ", [])],
         ),
         # --- metadata -------------------------------------------------------
@@ -351,6 +361,23 @@ CATALOGUE: dict[str, Kind] = {
             "Repoints a model role for this session, in force at the next step.",
             # The role is one of MODEL_ROLES (validated above), so the column exists.
             lambda d: [(f"model_{d['role']} = %s", [d["spec"]])],
+        ),
+        Kind(
+            "model/window",
+            _obj(
+                {
+                    "role": {"enum": list(MODEL_ROLES)},
+                    "spec": _NONEMPTY,
+                    "tokens": {"type": "integer", "minimum": 1},
+                    "source": {"enum": ["error"]},
+                },
+                ["spec", "tokens", "source"],
+            ),
+            False,
+            "A model's context window, learned from the provider's context-length error; it applies from now on "
+            "to every session using the model (ModelWindow), unless a profile declares one.",
+            None,
+            lambda d: [(_MODEL_WINDOW_UPSERT, [d["spec"], int(d["tokens"])])],
         ),
         Kind(
             "agent/spawned",

@@ -49,10 +49,11 @@ _PROFILE_SELECT = ", ".join(f'p.{f.column} AS "p_{f.column}"' for f in _PROFILE_
 # row lock; then the newest events may be missing, so the view is used only
 # if it reaches the row's last_seq (events commit in seq order under that
 # lock, so the rest is there too).
+_VIEW_START = "LEAST(COALESCE(c.compacted_seq, 0), c.open_turn_seq)"  # as reads.turn_view
 _VIEW = (
     "CASE WHEN c.open_turn_seq IS NULL THEN NULL ELSE (SELECT json_agg(json_build_array(e.seq, e.kind, e.data) "
     f"ORDER BY e.seq) FROM {EVENT_TABLE} e "
-    f"WHERE {turn_view_filter('c.id', 'COALESCE(c.compacted_seq, 0)', 'c.open_turn_seq', alias='e')}) END AS view"
+    f"WHERE {turn_view_filter('c.id', _VIEW_START, 'c.open_turn_seq', alias='e')}) END AS view"
 )
 
 

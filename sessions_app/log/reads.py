@@ -77,11 +77,13 @@ def turn_view_filter(session: str, start: str, turn_seq: str, alias: str = "") -
 
 def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[ViewRow]:
     """What a turn runner loads: from `start` (the latest compaction's seq),
-    every model-visible event, and every event from `turn_seq` on. A fixed
-    statement of the backend's: it runs once per drive, on the hottest path
-    there is."""
+    every model-visible event, and every event from `turn_seq` on. A
+    compaction inside the open turn lies after `turn_seq`: then the turn's
+    events before it are read too (and the compaction replaces the model's
+    view there). A fixed statement of the backend's: it runs once per drive,
+    on the hottest path there is."""
     sql = f"SELECT seq, kind, data FROM {EVENT_TABLE} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
-    rows = backends.current().fetch(sql, [session_id, start, turn_seq, *TURN_VIEW_KINDS])
+    rows = backends.current().fetch(sql, [session_id, min(start, turn_seq), turn_seq, *TURN_VIEW_KINDS])
     # SQLite keeps the payload as text; psycopg decodes jsonb itself.
     return [
         (int(r["seq"]), r["kind"], json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]) for r in rows

@@ -98,11 +98,15 @@ class TurnFacts:
 PreStep = Callable[[StepContext], str | None]
 PreExecute = Callable[[CallContext], str | None]
 AfterTurn = Callable[[uuid.UUID, TurnFacts], None]
+# Compacts the open turn's session at a step boundary, under the turn's lease
+# (session id, its fence, the turn's seq); None when it compacted, or why not.
+Compactor = Callable[[uuid.UUID, Fence, int], "str | None"]
 
 pre_step: list[PreStep] = []
 pre_execute: list[PreExecute] = []
 after_turn: list[AfterTurn] = []
 _gate: list[Gate] = []
+_compactor: list[Compactor] = []
 
 
 def register_pre_step(fn: PreStep) -> PreStep:
@@ -132,6 +136,17 @@ def gate() -> Gate:
         # Failing loudly beats running every call unasked.
         raise RuntimeError("no approval gate is registered (is approvals_app installed?)")
     return _gate[0]
+
+
+def register_compactor(fn: Compactor) -> None:
+    _compactor[:] = [fn]
+
+
+def compact_in_turn(session_id: uuid.UUID, fence: Fence, turn_seq: int) -> str | None:
+    """Compact now, inside the open turn; None when it did, else why not."""
+    if not _compactor:
+        return "no compactor is registered"
+    return _compactor[0](session_id, fence, turn_seq)
 
 
 def first_veto(ctx: CallContext) -> str | None:

@@ -20,13 +20,16 @@ APPROVAL_MODES: tuple[str, ...] = get_args(Approval)  # never, policy, always (a
 MCP_KEYS = ("name", "command", "args", "env", "timeout")
 
 
-def check_profile(*, roles: Any, builtin_tools: Any, mcp_servers: Any, approvals: Any) -> dict[str, list[str]]:
-    """Problems by field name (roles, builtin_tools, mcp_servers, approvals)."""
+def check_profile(
+    *, roles: Any, builtin_tools: Any, mcp_servers: Any, approvals: Any, context_windows: Any = None
+) -> dict[str, list[str]]:
+    """Problems by field name (roles, builtin_tools, mcp_servers, approvals, context_windows)."""
     problems = {
         "roles": _roles(roles),
         "builtin_tools": builtin_name_problems(builtin_tools),
         "mcp_servers": _mcp_servers(mcp_servers),
         "approvals": _approvals(approvals, builtin_tools, mcp_servers),
+        "context_windows": _windows({} if context_windows is None else context_windows),
     }
     return {field: found for field, found in problems.items() if found}
 
@@ -42,6 +45,21 @@ def _roles(roles: Any) -> list[str]:
             problems.append(
                 f"the {role} role needs a model spec (a non-empty string); leave the role out for the default"
             )
+    return problems
+
+
+MIN_WINDOW_TOKENS = 1024
+
+
+def _windows(windows: Any) -> list[str]:
+    if not isinstance(windows, dict):
+        return ['must be an object mapping a model role to its context window in tokens, e.g. {"main": 128000}']
+    problems = []
+    for role, tokens in windows.items():
+        if role not in MODEL_ROLES:
+            problems.append(f"unknown model role {role!r}; the roles are {', '.join(MODEL_ROLES)}")
+        elif isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < MIN_WINDOW_TOKENS:
+            problems.append(f"the {role} role's window must be a whole number of tokens, at least {MIN_WINDOW_TOKENS}")
     return problems
 
 

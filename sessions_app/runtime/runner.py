@@ -22,6 +22,11 @@ Rules kept here:
   an attempt a crash left without an outcome is re-run, reconciled with its
   target or put before an operator by the tool's replay policy, never re-run
   blindly (effects.py).
+- A request that would not fit the model's context window (declared, or
+  learned from a provider's context-length error: windows.py) is compacted
+  first, inside the turn, at the step boundary before the model call; a
+  context-length error compacts and retries the step once; what still does
+  not fit fails the turn with the reason. Never a loop.
 - A cancel stops a streaming model call within about a second (stop.py);
   the text streamed so far is kept as a partial assistant message.
 - While the process drains (a deploy's SIGTERM), the turn hands its session
@@ -42,11 +47,11 @@ from django.db import connection
 from sessions_app.errors import LeaseLost
 from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
-from sessions_app.llm.types import ModelCancelled, ModelError, ModelReply, ToolCall
+from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, ToolCall
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, storable
+from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, storable, windows
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
@@ -77,6 +82,9 @@ class TurnRunner:
         # Set when a call's outcome is unknown: the turn waits for an operator,
         # and no further external attempt starts before one answers.
         self.awaiting_operator = False
+        self.turn_seq = 0
+        # Whether this step compacted already: a second refusal then fails the turn.
+        self.compacted_in_step = False
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
 
@@ -109,6 +117,7 @@ class TurnRunner:
     # -- the turn
 
     def run(self, turn_seq: int) -> Outcome:
+        self.turn_seq = turn_seq
         self.view.load(turn_seq)
         try:
             return self._run()
@@ -184,9 +193,21 @@ class TurnRunner:
         if st.inbox_pending:
             self.drain_inbox()
             st = self.outbox.state()
-        system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
+        self.compacted_in_step = False
+        messages = self.fit_window(spec, self.request_messages())
+        if isinstance(messages, Outcome):
+            return messages
         try:
-            reply = self.call_model(spec, [system, *self.view.messages], step)
+            try:
+                reply = self.call_model(spec, messages, step)
+            except ContextTooLong as refused:
+                messages = self.after_context_error(spec, refused)
+                if isinstance(messages, Outcome):
+                    return messages
+                try:
+                    reply = self.call_model(spec, messages, step)  # once: a second refusal fails the turn
+                except ContextTooLong as again:
+                    return self.fail(failures.Failure(False, too_long_after_compaction(spec, again)))
         except ModelCancelled as stopped:
             # Keep what streamed before the Stop, marked partial; no tool call.
             partial = _assistant_payload(ModelReply(stopped.partial.content, [], stopped.partial.usage))
@@ -212,6 +233,51 @@ class TurnRunner:
             return Outcome.PARKED
         self.outbox.emit("step/end", end)
         return None
+
+    # -- the context window
+
+    def request_messages(self) -> list[dict[str, Any]]:
+        system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
+        return [system, *self.view.messages]
+
+    def fit_window(self, spec: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | Outcome:
+        """The request as is when it fits the window (or none is known);
+        otherwise compacted first. A request still over the estimate after
+        compacting is sent anyway: the provider has the last word."""
+        window = windows.window_for(self.profile, "main", spec)
+        if window is None:
+            return messages
+        tokens = windows.estimate_tokens(messages, self.registry.specs())
+        if windows.fits(tokens, window):
+            return messages
+        return self.compact_now(
+            f"the request (about {tokens} tokens) would not fit the {window}-token window of {spec}"
+        )
+
+    def after_context_error(self, spec: str, refused: ContextTooLong) -> list[dict[str, Any]] | Outcome:
+        """Learn the window from the refusal, compact, and let the step retry
+        once. Refused after compacting: the turn fails, it does not loop."""
+        if refused.limit_tokens:
+            self.outbox.emit(
+                "model/window", {"role": "main", "spec": spec, "tokens": refused.limit_tokens, "source": "error"}
+            )
+            self.flush()
+            windows.remember(spec, refused.limit_tokens)
+        if self.compacted_in_step:
+            return self.fail(failures.Failure(False, too_long_after_compaction(spec, refused)))
+        return self.compact_now(f"{spec} refused the request as too long for its context window ({refused})")
+
+    def compact_now(self, reason: str) -> list[dict[str, Any]] | Outcome:
+        """Compact inside the turn, here at the step boundary (every call
+        before it has its result; nothing is parked), and read the view again."""
+        self.flush()
+        declined = hooks.compact_in_turn(self.sid, self.lease.fence, self.turn_seq)
+        self.view.refresh()
+        if declined is not None:
+            return self.fail(failures.Failure(False, f"{reason}, and compaction could not help: {declined}"))
+        logger.info("compacted %s inside its turn: %s", self.sid, reason)
+        self.compacted_in_step = True
+        return self.request_messages()
 
     def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
         tools = self.registry.specs()
@@ -459,6 +525,10 @@ class TurnRunner:
             self.outbox.emit(kind, data)
         self.flush(release=True)
         return Outcome.ENDED
+
+
+def too_long_after_compaction(spec: str, refused: ContextTooLong) -> str:
+    return f"the request does not fit {spec}'s context window even after compaction: {refused}"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 It reads the turn once (`load`), then keeps the turn's events and the
 model's message list in memory, extended by what the runner commits itself
 (`observe`) and by foreign events when it has to catch up (`refresh`).
-Compaction cannot interleave: it declines while a turn is open.
+A compaction between turns cannot interleave (it declines while a turn is
+open); one inside the turn is the runner's own doing, at a step boundary
+(runner.py), and replaces the model's messages when the view observes it.
 """
 
 from __future__ import annotations
@@ -169,7 +171,11 @@ class TurnView:
 
     def observe(self, new: list[LoggedEvent]) -> None:
         for e in new:
-            if e.kind in MODEL_VISIBLE and e.kind != "session/compacted":
+            if e.kind == "session/compacted":
+                # Only a compaction inside this turn (compact_in_turn, at a step
+                # boundary) can land while the turn runs: it replaces the view.
+                self.messages = [render(e.kind, e.data)]
+            elif e.kind in MODEL_VISIBLE:
                 self.messages.append(render(e.kind, e.data))
             self._track(e)
         self.events.extend(new)

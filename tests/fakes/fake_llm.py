@@ -8,9 +8,16 @@ responder callable.
         llm.script(Reply(text="hello"), Reply(tool_calls=[("clock.now", {})]))
         OpenAIAdapter(base_url=llm.base_url).complete(...)
 
+A context window can be enforced: with `max_context_chars` set, a request
+larger than that (see `request_size`) gets OpenAI's context-length refusal
+instead of a reply, and no scripted reply is used up.
+
+    llm = FakeLLM(max_context_chars=4000)
+
 Standalone (benchmarks, worker subprocesses):
 
     python -m tests.fakes.fake_llm --port 8765 --latency 1.0 --mode tool-then-final --tool debug.noop
+    python -m tests.fakes.fake_llm --max-context 40000
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ class Reply:
     tool_calls: (Terret tool name, arguments) pairs; names are sent in wire form.
     usage: (prompt_tokens, completion_tokens, cost or None); None sends no usage chunk.
     latency: seconds before the first byte. chunk_delay: seconds between chunks.
-    status: >= 400 answers with that HTTP error and a JSON error body (+ Retry-After).
+    status: >= 400 answers with that HTTP error and a JSON error body (+ Retry-After):
+      {"error": {"message": error_message, "type": error_type, "param": error_param,
+      "code": error_code, "metadata": {"raw": error_raw}}}; `type`, `param` and
+      `metadata` only when set, `code` the status when error_code is None.
     torn_after: close the connection after this many data chunks, without [DONE].
     omit_done: send every chunk and end the body cleanly, but never send [DONE].
     hang: True (until the server stops) or an Event (until set, then the stream
@@ -55,7 +65,8 @@ class Reply:
     comments: `: OPENROUTER PROCESSING` keep-alive lines sent before the first chunk.
     multiline: spread each chunk's JSON over several `data:` lines.
     stream_error: (code, message) sent OpenRouter-style as an `error` chunk after
-      the text, ending the stream there.
+      the text, ending the stream there (code None: the error object has no
+      `code`; error_type and error_raw apply to it too).
     keepalive_forever: after `keepalive_after` data chunks (0: before the first;
       len(chunks_for(reply)) or more: after the last, instead of [DONE]), send
       only `: OPENROUTER PROCESSING` comments, one every KEEPALIVE_INTERVAL
@@ -74,12 +85,16 @@ class Reply:
     status: int = 200
     retry_after: float | str | None = None
     error_message: str = "fake provider error"
+    error_code: int | str | None = None
+    error_type: str | None = None
+    error_param: str | None = None
+    error_raw: str | None = None
     torn_after: int | None = None
     omit_done: bool = False
     hang: bool | threading.Event = False
     comments: int = 1
     multiline: bool = False
-    stream_error: tuple[int, str] | None = None
+    stream_error: tuple[int | str | None, str] | None = None
     keepalive_forever: bool = False
     keepalive_after: int = 0
     piece_size: int | None = None
@@ -87,6 +102,39 @@ class Reply:
 
 
 Responder = Callable[[dict[str, Any]], Reply]
+
+
+def request_size(body: dict[str, Any]) -> int:
+    """What `max_context_chars` is compared with: the characters of every
+    message's `content` (a string, or the `text` of each text part of a list)
+    plus the function name and arguments of every tool call in the messages.
+    Roles, ids, the tool definitions and the rest of the body do not count."""
+    size = 0
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            size += len(function.get("name") or "") + len(function.get("arguments") or "")
+    return size
+
+
+def context_refusal(size: int, max_chars: int) -> Reply:
+    """OpenAI's answer to a request over the context window (4 characters a token)."""
+    message = (
+        f"This model's maximum context length is {max_chars // 4} tokens. However, your messages resulted in "
+        f"{size // 4} tokens. Please reduce the length of the messages."
+    )
+    return Reply(
+        status=400,
+        error_message=message,
+        error_type="invalid_request_error",
+        error_param="messages",
+        error_code="context_length_exceeded",
+    )
 
 
 def _last_role(body: dict[str, Any]) -> str | None:
@@ -152,7 +200,8 @@ def chunks_for(reply: Reply) -> list[dict[str, Any]]:
         chunks += [{"choices": _choice({"content": piece})} for piece in _text_pieces(reply)]
     if reply.stream_error is not None:
         code, message = reply.stream_error
-        return [*chunks, {"error": {"code": code, "message": message}, "choices": _choice({}, "error")}]
+        error = _error_object(reply, message, code)
+        return [*chunks, {"error": error, "choices": _choice({}, "error")}]
     chunks += [{"choices": _choice({"tool_calls": [d]})} for d in _tool_call_deltas(reply.tool_calls)]
     chunks.append({"choices": _choice({}, "tool_calls" if reply.tool_calls else "stop")})
     if reply.usage is not None:
@@ -163,6 +212,19 @@ def chunks_for(reply: Reply) -> list[dict[str, Any]]:
             usage["cost"] = cost
         chunks.append({"choices": [], "usage": usage})
     return chunks
+
+
+def _error_object(reply: Reply, message: str, code: int | str | None) -> dict[str, Any]:
+    error: dict[str, Any] = {"message": message}
+    if reply.error_type is not None:
+        error["type"] = reply.error_type
+    if reply.error_param is not None:
+        error["param"] = reply.error_param
+    if code is not None:
+        error["code"] = code
+    if reply.error_raw is not None:
+        error["metadata"] = {"raw": reply.error_raw, "provider_name": "Fake"}
+    return error
 
 
 def _sse(payload: dict[str, Any], multiline: bool) -> str:
@@ -243,7 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_error(self, reply: Reply, authorization: str) -> None:
         headers = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else {}
         message = f"{reply.error_message} (you sent {authorization!r})" if reply.echo_key else reply.error_message
-        self._send_json(reply.status, {"error": {"message": message, "code": reply.status}}, headers)
+        code = reply.error_code if reply.error_code is not None else reply.status
+        self._send_json(reply.status, {"error": _error_object(reply, message, code)}, headers)
 
     def _write_chunk(self, text: str) -> None:
         data = text.encode()
@@ -300,15 +363,32 @@ class _Handler(BaseHTTPRequestHandler):
 
 class FakeLLM:
     """The server. `base_url` (e.g. http://127.0.0.1:PORT/v1) goes where
-    TERRET_LLM_BASE_URL would; `requests` holds every request body received."""
+    TERRET_LLM_BASE_URL would; `requests` holds every request body received.
 
-    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    `max_context_chars` (None: no limit; tests may change it while the server
+    runs) is the context window: a request whose `request_size` exceeds it is
+    answered at once with HTTP 400 and OpenAI's `context_length_exceeded` body
+    (figures in tokens of 4 characters), and the script is left untouched.
+    `requests` still counts it; `refused` holds such requests and `accepted`
+    the others (answered by the script or the responder, errors included),
+    each in arrival order."""
+
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_context_chars: int | None = None,
+    ) -> None:
         self.responder: Responder = responder or responder_for_mode("final")
+        self.max_context_chars = max_context_chars
         self._host, self._port = host, port
         self._lock = threading.Lock()
         self._script: deque[Reply] = deque()
         self._requests: list[dict[str, Any]] = []
         self._headers: list[dict[str, str]] = []
+        self._accepted: list[dict[str, Any]] = []
+        self._refused: list[dict[str, Any]] = []
         self._connections: set[socket.socket] = set()
         self.connections_opened = 0  # TCP connections accepted so far (keep-alive reuse shows here)
         self.keepalives_sent = 0  # comments sent by `keepalive_forever` replies
@@ -327,6 +407,18 @@ class FakeLLM:
     def requests(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._requests)
+
+    @property
+    def accepted(self) -> list[dict[str, Any]]:
+        """The requests within `max_context_chars`, answered as scripted."""
+        with self._lock:
+            return list(self._accepted)
+
+    @property
+    def refused(self) -> list[dict[str, Any]]:
+        """The requests refused for exceeding `max_context_chars`."""
+        with self._lock:
+            return list(self._refused)
 
     @property
     def headers(self) -> list[dict[str, str]]:
@@ -383,9 +475,14 @@ class FakeLLM:
             self.keepalives_sent += 1
 
     def _next_reply(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+        limit, size = self.max_context_chars, request_size(body)
         with self._lock:
             self._requests.append(body)
             self._headers.append(headers)
+            if limit is not None and size > limit:
+                self._refused.append(body)
+                return context_refusal(size, limit)
+            self._accepted.append(body)
             scripted = self._script.popleft() if self._script else None
         if scripted is not None:
             return scripted
@@ -404,9 +501,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=MODES, default="final")
     parser.add_argument("--tool", default="debug.noop", help="Terret tool name the tool modes call")
     parser.add_argument("--args", default="{}", help="JSON arguments for the tool call")
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        metavar="CHARS",
+        help="refuse requests larger than this many characters with a context-length error",
+    )
     opts = parser.parse_args(argv)
     responder = responder_for_mode(opts.mode, opts.tool, json.loads(opts.args), opts.latency, opts.chunk_delay)
-    llm = FakeLLM(responder, host=opts.host, port=opts.port).start()
+    llm = FakeLLM(responder, host=opts.host, port=opts.port, max_context_chars=opts.max_context).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The base URL alone on the first line, so scripts can read it.
     print(llm.base_url, flush=True)

@@ -51,7 +51,15 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "c", "attempt": 1, "action": a, "by": "staff:ops"} for a in ("rerun", "done", "failed")
     ]
     + [{"call_id": "c", "attempt": 1, "action": "done", "result": "charged", "reason": "checked", "by": "ops"}],
-    "session/compacted": [{"upto_seq": 0, "summary": ""}, {"upto_seq": 120, "summary": "so far"}],
+    "session/compacted": [
+        {"upto_seq": 0, "summary": ""},
+        {"upto_seq": 120, "summary": "so far"},
+        {"upto_seq": 130, "summary": "mid-turn", "turn_seq": 101},
+    ],
+    "model/window": [
+        {"spec": "openai/gpt-4o-mini", "tokens": 128000, "source": "error"},
+        {"role": "compactor", "spec": "x/y", "tokens": 8192, "source": "error"},
+    ],
     "turn/start": [{}, {"by": "alice"}],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [{"status": "failed", "error": "boom"}],
@@ -113,7 +121,17 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "name": "n", "content": "x", "attempt": 0},
         {"call_id": "c", "name": "n", "content": "x", "via": "magic"},
     ],
-    "session/compacted": [{"summary": "s"}, {"upto_seq": -1, "summary": "s"}, {"upto_seq": 1.5, "summary": "s"}],
+    "session/compacted": [
+        {"summary": "s"},
+        {"upto_seq": -1, "summary": "s"},
+        {"upto_seq": 1.5, "summary": "s"},
+        {"upto_seq": 1, "summary": "s", "turn_seq": 0},
+    ],
+    "model/window": [
+        {"spec": "x/y", "tokens": 0, "source": "error"},
+        {"spec": "x/y", "tokens": 8192, "source": "guess"},
+        {"spec": "", "tokens": 8192, "source": "error"},
+    ],
     "turn/start": [{"by": 1}, {"who": "x"}],
     "turn/end": [{}, {"status": "done"}, {"status": "completed", "error": None}],
     "turn/cancel_requested": [{"reason": 3}],

@@ -120,7 +120,7 @@ def test_a_400_on_resume_after_a_park_fails_at_once_with_the_providers_message(
     session.profile.save()  # type: ignore[union-attr]
     fake_llm.script(
         Reply(tool_calls=[("workspace.write", {"path": "a.txt", "content": "v"})]),
-        Reply(status=400, error_message="This model's maximum context length is 8192 tokens"),
+        Reply(status=400, error_message="This model does not support the 'tools' parameter"),
     )
     services.run_turn(session.id, "write")
     assert drive(session.id) == "parked"
@@ -129,7 +129,7 @@ def test_a_400_on_resume_after_a_park_fails_at_once_with_the_providers_message(
     assert drive_until_quiet(session)[-1] == "ended"
     end = ended(session)
     assert end["status"] == "failed"
-    assert "maximum context length is 8192 tokens" in end["error"] and "HTTP 400" in end["error"]
+    assert "does not support the 'tools' parameter" in end["error"] and "HTTP 400" in end["error"]
     assert len(fake_llm.requests) == 2  # no retry of a permanent failure
     assert "turn/stalled" not in kinds(session)
 

@@ -35,6 +35,11 @@ def profile() -> AgentProfile:
     )
 
 
+def task(text: str) -> str:
+    """The preamble every summary starts with: the session's first user message."""
+    return compaction.TASK_HEADING + text + "\n\n"
+
+
 def last_seq(session: Session) -> int:
     return Session.objects.values_list("last_seq", flat=True).get(id=session.id)
 
@@ -80,7 +85,10 @@ def test_derive_messages_after_compaction(fake_llm: Any, session: Session) -> No
     assert result.upto_seq == head and result.seq == head + 1
     assert kinds(session, head) == ["session/compacted", "usage/recorded"]
     data = Event.objects.get(session=session, seq=result.seq).data
-    assert data == {"upto_seq": head, "summary": "The user asked a first question; noop was called."}
+    assert data == {
+        "upto_seq": head,
+        "summary": task("first question") + "The user asked a first question; noop was called.",
+    }
     # the model now sees only the summary ...
     assert derive_messages(session.id) == [{"role": "user", "content": SUMMARY_PREFIX + data["summary"]}]
     # ... then whatever follows it
@@ -124,8 +132,9 @@ def test_second_compaction_summarizes_the_first_and_what_followed(fake_llm: Any,
     second = compaction.compact(session.id, manual=True)
     assert first is not None and second is not None and second.upto_seq > first.seq
     rendered = fake_llm.requests[-1]["messages"][1]["content"]
+    # the previous summary's preamble is not summarized again: it is prepended again
     assert rendered.split("\n") == ["[summary of earlier conversation] S1", "[user] two", "[assistant] r2"]
-    assert derive_messages(session.id) == [{"role": "user", "content": SUMMARY_PREFIX + "S2"}]
+    assert derive_messages(session.id) == [{"role": "user", "content": SUMMARY_PREFIX + task("one") + "S2"}]
 
 
 def test_nothing_to_compact_declines_without_a_model_call(fake_llm: Any, session: Session) -> None:
@@ -209,12 +218,12 @@ def test_two_concurrent_compactions_one_wins(fake_llm: Any, session: Session) ->
     thread, out = _compact_in_thread(session)
     _wait_for_requests(fake_llm, 2)
     fast = compaction.attempt(session.id, manual=True)
-    assert isinstance(fast, CompactionResult) and fast.summary == "fast summary"
+    assert isinstance(fast, CompactionResult) and fast.summary == task("one") + "fast summary"
     release.set()
     thread.join(10)
     assert out.get("result") == Declined("model-visible events arrived while summarizing")
     assert kinds(session).count("session/compacted") == 1
-    assert derive_messages(session.id) == [{"role": "user", "content": SUMMARY_PREFIX + "fast summary"}]
+    assert derive_messages(session.id) == [{"role": "user", "content": SUMMARY_PREFIX + task("one") + "fast summary"}]
 
 
 def test_manual_compaction_during_a_live_turn_declines_without_a_model_call(fake_llm: Any, session: Session) -> None:

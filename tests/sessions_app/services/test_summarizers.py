@@ -123,8 +123,9 @@ def _kinds(session: Session) -> list[str]:
 def test_morph_success_compacts_and_records_unpriced_usage(morph: _MorphServer, morph_session: Session) -> None:
     result = compaction.compact(morph_session.id, manual=True)
     assert result is not None and result.model == "morph/morph-compactor"
+    preamble = compaction.TASK_HEADING + "keep this line\n\n"  # the task survives, verbatim
     assert derive_messages(morph_session.id) == [
-        {"role": "user", "content": SUMMARY_PREFIX + "[user] keep this line\n(filtered 3 lines)"}
+        {"role": "user", "content": SUMMARY_PREFIX + preamble + "[user] keep this line\n(filtered 3 lines)"}
     ]
     usage = Event.objects.get(session=morph_session, kind="usage/recorded").data
     assert usage == {

@@ -56,6 +56,22 @@ def test_roles(roles: Any, needle: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("windows", "needle"),
+    [
+        ({"mian": 8000}, "unknown model role 'mian'"),
+        ({"main": 100}, "at least 1024"),
+        ({"main": 8000.5}, "whole number of tokens"),
+        ({"compactor": True}, "whole number of tokens"),
+        ([8000], "must be an object"),
+    ],
+)
+def test_context_windows(windows: Any, needle: str) -> None:
+    assert check(context_windows={"main": 128_000, "compactor": 32_000}) == {}
+    problems = check(context_windows=windows)
+    assert list(problems) == ["context_windows"] and needle in " ".join(problems["context_windows"])
+
+
+@pytest.mark.parametrize(
     ("tools", "needle"),
     [
         (["clock.nwo"], "unknown built-in tool 'clock.nwo'; known built-ins: clock.now"),
