@@ -14,8 +14,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +39,7 @@ from sessions_app.services.summarizers import (
 )
 from tests.fakes.fake_llm import Reply, request_size
 from tests.helpers import events, kinds
+from tests.sessions_app.services.conftest import MorphServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -349,60 +349,24 @@ def test_a_long_task_is_cut_in_the_preamble(fake_llm: Any, session: Session) -> 
 # ---------------------------------------------------------------- Morph's limit
 
 
-class _MorphHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _MorphServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        self.server.bodies.append(body)
-        data = json.dumps(
-            {"id": "c", "model": "morph-compactor", "output": "compacted", "usage": {"input_tokens": 7}}
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _MorphServer(ThreadingHTTPServer):
-    daemon_threads = True
-    bodies: list[dict[str, Any]]
-
-
-@pytest.fixture
-def morph(settings: Any) -> Iterator[_MorphServer]:
-    server = _MorphServer(("127.0.0.1", 0), _MorphHandler)
-    server.bodies = []
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    settings.MORPH_BASE_URL = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    settings.MORPH_API_KEY = "k"
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 def _content_chars(body: dict[str, Any]) -> int:
     return sum(len(m["content"]) for m in body["messages"]) + len(body.get("query", ""))
 
 
-def test_morph_input_fits_its_limit(morph: _MorphServer, session: Session, profile: AgentProfile) -> None:
+def test_morph_input_fits_its_limit(morph: MorphServer, session: Session, profile: AgentProfile) -> None:
     profile.summarizer = "morph"
     profile.save()
     add_turn(session, FIRST)
     for t in range(20):
         add_turn(session, f"turn {t}", tools=1, result_chars=90_000, tag=f"m{t}")  # 1.8M characters
     add_turn(session, "the last one", tools=1, result_chars=400_000, tag="huge")  # one part over the cap
+    morph.payload = {"id": "c", "model": "morph-compactor", "output": "compacted", "usage": {"input_tokens": 7}}
 
     result = compaction.compact(session.id, manual=True)
 
     assert result is not None and result.summary == preamble() + "compacted"
-    (body,) = morph.bodies
+    (request,) = morph.requests
+    body = request["body"]
     messages = body["messages"]
     assert _content_chars(body) <= MORPH_MAX_INPUT_CHARS
     assert messages[0] == {"role": "user", "content": FIRST}  # the first user message is kept

@@ -4,12 +4,8 @@ declines (None, a warning, nothing appended); success records Morph's usage."""
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import uuid
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -27,76 +23,9 @@ from sessions_app.services.summarizers import (
     get_summarizer,
     render_history,
 )
+from tests.sessions_app.services.conftest import MorphServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class _MorphHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _MorphServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        self.server.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body})
-        mode = self.server.mode
-        if mode == "ok":
-            self._send(200, json.dumps(self.server.payload).encode())
-        elif mode == "http_error":
-            self._send(503, b'{"error": {"message": "overloaded"}}')
-        elif mode == "auth_error":
-            self._send(401, b'{"error": "bad key"}')
-        elif mode == "torn":
-            # Promise more than is sent, then hang up mid-body.
-            data = json.dumps(self.server.payload).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-        elif mode == "not_json":
-            self._send(200, b'{"output": "half a JSON docu')
-        elif mode == "no_output":
-            self._send(200, b'{"id": "c1", "model": "morph-compactor", "usage": {"input_tokens": 5}}')
-        else:
-            raise AssertionError(mode)
-
-    def _send(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _MorphServer(ThreadingHTTPServer):
-    daemon_threads = True
-    mode = "ok"
-    payload: dict[str, Any] = {}
-    requests: list[dict[str, Any]]
-
-
-@pytest.fixture
-def morph(settings: Any) -> Iterator[_MorphServer]:
-    server = _MorphServer(("127.0.0.1", 0), _MorphHandler)
-    server.requests = []
-    server.payload = {
-        "id": "cmp-1",
-        "model": "morph-compactor",
-        "output": "[user] keep this line\n(filtered 3 lines)",
-        "usage": {"input_tokens": 120, "output_tokens": 30, "compression_ratio": 0.25, "processing_time_ms": 40},
-    }
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    settings.MORPH_BASE_URL = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    settings.MORPH_API_KEY = "morph-test-key"
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture
@@ -120,7 +49,7 @@ def _kinds(session: Session) -> list[str]:
     return list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
 
 
-def test_morph_success_compacts_and_records_unpriced_usage(morph: _MorphServer, morph_session: Session) -> None:
+def test_morph_success_compacts_and_records_unpriced_usage(morph: MorphServer, morph_session: Session) -> None:
     result = compaction.compact(morph_session.id, manual=True)
     assert result is not None and result.model == "morph/morph-compactor"
     preamble = compaction.TASK_HEADING + "keep this line\n\n"  # the task survives, verbatim
@@ -148,7 +77,7 @@ def test_morph_success_compacts_and_records_unpriced_usage(morph: _MorphServer, 
 
 @pytest.mark.parametrize("mode", ["http_error", "auth_error", "torn", "not_json", "no_output"])
 def test_morph_failures_decline_and_append_nothing(
-    morph: _MorphServer, morph_session: Session, mode: str, caplog: Any
+    morph: MorphServer, morph_session: Session, mode: str, caplog: Any
 ) -> None:
     morph.mode = mode
     before = _kinds(morph_session)
@@ -161,7 +90,7 @@ def test_morph_failures_decline_and_append_nothing(
 
 
 def test_morph_without_a_key_declines_without_calling(
-    morph: _MorphServer, morph_session: Session, settings: Any, caplog: Any
+    morph: MorphServer, morph_session: Session, settings: Any, caplog: Any
 ) -> None:
     settings.MORPH_API_KEY = ""
     before = _kinds(morph_session)
@@ -179,7 +108,7 @@ def test_morph_unreachable_declines(morph_session: Session, settings: Any) -> No
     assert summarizer.summarize(history) is None
 
 
-def test_morph_failure_in_the_trigger_is_non_fatal_and_retried(morph: _MorphServer, morph_session: Session) -> None:
+def test_morph_failure_in_the_trigger_is_non_fatal_and_retried(morph: MorphServer, morph_session: Session) -> None:
     morph_session.profile.compaction_budget = 10
     morph_session.profile.save()
     log.append(
