@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -81,6 +83,26 @@ async def mutate(ctx: Context, seconds_before: Seconds = 0, seconds_after: Secon
 )
 async def destroy(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seconds = 0, label: str = "") -> str:
     return await _run("destroy", "destroyed", ctx, seconds_before, seconds_after, label)
+
+
+# -- the client side: how a test runs this server and reads what it did -----
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def fx_server(effects_log: Path) -> dict[str, Any]:
+    """A profile's `mcp_servers` entry (named fx) for this server."""
+    # The SDK starts servers with a minimal environment (no PYTHONPATH) in
+    # the worker's cwd; PYTHONPATH makes `-m tests.fakes...` work from anywhere.
+    env = {"EFFECTS_LOG": str(effects_log), "PYTHONPATH": str(_ROOT)}
+    return {"name": "fx", "command": sys.executable, "args": ["-m", "tests.fakes.effects_mcp_server"], "env": env}
+
+
+def executions(effects_log: Path) -> list[dict[str, Any]]:
+    """One entry per execution, as the server recorded it."""
+    if not effects_log.exists():
+        return []
+    return [json.loads(line) for line in effects_log.read_text().splitlines()]
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime.effects import effects, effects_audit
 from sessions_app.services.effects import resolve
 from sessions_app.tools.builtins import CHARGES_FILE, workspace_dir
+from tests.fakes.effects_mcp_server import executions, fx_server
 from tests.fakes.fake_llm import Reply, responder_for_mode
 from tests.helpers import events, wait_for
 
@@ -264,3 +265,39 @@ def test_kill_9_of_a_write_reconciles_with_the_file(
         assert [e.state for e in effects(session.id)] == ["done"]
     assert "tool/unknown" not in kinds_of(session)
     assert len(fake_llm.requests) == 2
+
+
+def test_kill_9_after_a_safe_mcp_call_ran_runs_it_once_more_under_the_same_key(
+    start_worker: Any, fake_llm: Any, make_user: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A real MCP server's idempotent tool ran, and the worker died before
+    its result committed: the fresh worker runs it again, once, and the
+    server sees the same idempotency key both times (the server, not the
+    log, counts the executions), so it could have deduplicated."""
+    settings.TERRET_WORKSPACE_ROOT = tmp_path
+    effects_log = tmp_path / "fx-effects.jsonl"
+    profile = AgentProfile.objects.create(
+        name="effects-kill-mcp",
+        roles={"main": "test/model"},
+        mcp_servers=[fx_server(effects_log)],
+        allow_floor=["*"],
+        approvals={"mcp.fx.upsert": "never"},
+    )
+    session = services.create_session(make_user(), profile)
+    fake_llm.script(Reply(tool_calls=[("mcp.fx.upsert", {"label": "row 7"})]), Reply(text="upserted"))
+    first = start_worker(name="a", TERRET_FAILPOINTS=f"after_effect:mcp.fx.upsert={PAUSE}")
+    services.inject(session.id, "upsert row 7", wake=True)
+    wait_for(lambda: executions(effects_log), timeout=40, what="the server's first execution")
+    time.sleep(0.3)  # the worker sits in the failpoint, before the result commits
+    first.kill()
+    assert not has(session, "tool/result")
+
+    start_worker(name="b")
+    wait_for(lambda: has(session, "turn/end"), timeout=40, what="turn/end after recovery")
+    assert_recovered(session, "safe MCP tool, killed after its effect")
+    runs = executions(effects_log)
+    attempts = events(session, "tool/attempt")
+    assert [(r["tool"], r["attempt"]) for r in runs] == [("upsert", 1), ("upsert", 2)], "ran again once"
+    assert {r["key"] for r in runs} == {attempts[0]["idempotency_key"]}, "one key for both executions"
+    assert (attempts[1]["replaces"], attempts[1]["why"], attempts[1]["replay"]) == (1, "safe", "safe")
+    assert [e.state for e in effects(session.id)] == ["superseded", "done"]

@@ -30,24 +30,11 @@ from sessions_app.services import effects as effect_services
 from sessions_app.tools import mcp, registry
 from sessions_app.tools.base import Definition, ToolContext
 from sessions_app.tools.executor import execute
+from tests.fakes.effects_mcp_server import executions, fx_server
 from tests.fakes.fake_llm import Reply
 from tests.helpers import events, kinds
 
-ROOT = Path(__file__).resolve().parents[3]
 TIME = {"name": "time", "command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
-
-
-def fx_server(effects_log: Path) -> dict[str, Any]:
-    # The SDK starts servers with a minimal environment (no PYTHONPATH) in
-    # our cwd; PYTHONPATH makes `-m tests.fakes...` work from anywhere.
-    env = {"EFFECTS_LOG": str(effects_log), "PYTHONPATH": str(ROOT)}
-    return {"name": "fx", "command": sys.executable, "args": ["-m", "tests.fakes.effects_mcp_server"], "env": env}
-
-
-def executions(effects_log: Path) -> list[dict[str, Any]]:
-    if not effects_log.exists():
-        return []
-    return [json.loads(line) for line in effects_log.read_text().splitlines()]
 
 
 def raw_tools(config: dict[str, Any]) -> dict[str, Tool]:
