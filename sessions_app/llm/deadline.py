@@ -130,5 +130,7 @@ def stop_error(abort: Abort, spec: str, partial: ModelReply, deadline: float | N
     else ModelCancelled carrying `partial` (text and usage; no tool calls)."""
     if abort.reason == DEADLINE:
         within = f" ({deadline:g}s, TERRET_LLM_DEADLINE_SECONDS)" if deadline is not None else ""
-        return ModelDeadline(f"{spec}: no complete reply within the call's deadline{within}")
+        late = ModelDeadline(f"{spec}: no complete reply within the call's deadline{within}")
+        late.usage = partial.usage
+        return late
     return ModelCancelled(f"{spec}: the model call was cancelled", partial)

@@ -613,7 +613,9 @@ class OpenAIAdapter:
         """Wait before the next attempt, or raise if there is none."""
         spec = call.request.spec
         if state.emitted:
-            raise TornStream(f"{spec}: the stream ended before [DONE] after output was shown ({err})") from err
+            torn = TornStream(f"{spec}: the stream ended before [DONE] after output was shown ({err})")
+            torn.usage = state.usage
+            raise torn from err
         if attempt >= retries:
             raise ModelUnavailable(f"{spec}: gave up after {attempt + 1} attempt(s): {err}") from err
         delay = self._delay(attempt, err.retry_after, spec)

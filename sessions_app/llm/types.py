@@ -54,6 +54,9 @@ class ModelError(Exception):
     failure means for a turn from this attribute alone (runtime/failures.py)."""
 
     transient = False
+    # What the provider reported spending on the call before it failed (a
+    # stream torn after its usage chunk, a deadline): recorded, never lost.
+    usage: Usage | None = None
 
 
 class TornStream(ModelError):

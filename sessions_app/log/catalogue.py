@@ -81,8 +81,12 @@ def _inbox(data: Json) -> list[Assignment]:
     return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src])]
 
 
-def _usage_totals(usage: Json | None, *, step: bool) -> list[Assignment]:
+def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) -> list[Assignment]:
+    """`elsewhere`: a step/end whose request's spend a usage/recorded counted
+    already (its figure, or its "unknown"): the step counts, its usage not."""
     out: list[Assignment] = [("steps = steps + 1", [])] if step else []
+    if elsewhere and usage is None:
+        return out
     if usage is None:
         return [*out, ("unpriced_entries = unpriced_entries + 1", [])]
     out.append(("prompt_tokens = prompt_tokens + %s", [int(usage["prompt_tokens"])]))
@@ -114,9 +118,9 @@ _MODEL_WINDOW_UPSERT = (
 )
 
 
-def _usage_day(usage: Json | None, *, step: bool) -> list[Assignment]:
+def _usage_day(usage: Json | None, *, step: bool, elsewhere: bool = False) -> list[Assignment]:
     """The per-profile per-UTC-day running total (UsageDay), same figures as _usage_totals."""
-    unpriced = usage is None or usage.get("cost") is None
+    unpriced = (usage is None and not elsewhere) or (usage is not None and usage.get("cost") is None)
     prompt = int(usage["prompt_tokens"]) if usage else 0
     completion = int(usage["completion_tokens"]) if usage else 0
     cost = Decimal(0) if unpriced or usage is None else Decimal(str(usage["cost"]))
@@ -243,17 +247,33 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "step/end",
-            _obj({"step": {"type": "integer", "minimum": 1}, "usage": _USAGE}, ["step"]),
+            _obj(
+                {"step": {"type": "integer", "minimum": 1}, "usage": _USAGE, "usage_recorded": {"type": "boolean"}},
+                ["step"],
+            ),
             False,
-            "A step ends. No usage means it was closed by a resume and its figure is lost (unpriced).",
-            lambda d: _usage_totals(d.get("usage"), step=True),
-            lambda d: _usage_day(d.get("usage"), step=True),
+            "A step ends, with the usage of its model request. No usage: its figure is lost (unpriced), unless "
+            "`usage_recorded` says a usage/recorded of the step counted the request already.",
+            lambda d: _usage_totals(d.get("usage"), step=True, elsewhere=bool(d.get("usage_recorded"))),
+            lambda d: _usage_day(d.get("usage"), step=True, elsewhere=bool(d.get("usage_recorded"))),
         ),
         Kind(
             "usage/recorded",
-            _obj({"purpose": {"enum": ["title", "compaction"]}, "model": _STR, "usage": _USAGE}, ["purpose", "usage"]),
+            _obj(
+                {
+                    "purpose": {"enum": ["title", "compaction", "step"]},
+                    "model": _STR,
+                    "usage": {"anyOf": [_USAGE, {"type": "null"}]},
+                    "step": {"type": "integer", "minimum": 1},
+                    "reason": _STR,
+                },
+                ["purpose", "usage"],
+            ),
             False,
-            "Usage of a utility request (titler, summarizer), so session cost stays complete.",
+            "Usage of a request whose figure no step/end carries: a utility request (titler, summarizer), or a "
+            "step's model request whose reply never committed (a lost lease, a torn stream, a crash: `usage` "
+            "null means unknown, counted as unpriced). Appended without a fence: spend is recorded whoever "
+            "holds the session now.",
             lambda d: _usage_totals(d["usage"], step=False),
             lambda d: _usage_day(d["usage"], step=False),
         ),

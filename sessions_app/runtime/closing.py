@@ -49,11 +49,14 @@ def closing_entries(
     if st.open_step is not None:
         message = st.assistant_in_open_step()
         usage = message.data.get("usage") if message else None
-        out.append(("step/end", {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step}))
-    end: dict[str, Any] = {"status": status}
+        end: dict[str, Any] = {"step": st.open_step, "usage": usage} if usage else {"step": st.open_step}
+        if not usage and message is None and st.step_spend_known(st.open_step):
+            end["usage_recorded"] = True  # a usage/recorded of the step counted its request
+        out.append(("step/end", end))
+    closed: dict[str, Any] = {"status": status}
     if error:
-        end["error"] = error
+        closed["error"] = error
     if by:
-        end["by"] = by
-    out.append(("turn/end", end))
+        closed["by"] = by
+    out.append(("turn/end", closed))
     return out

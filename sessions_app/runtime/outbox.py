@@ -26,12 +26,14 @@ committed before it as a seq gap.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sessions_app import log
+from sessions_app.errors import LeaseLost
 from sessions_app.llm.types import ToolCall
 from sessions_app.log.records import AppendedEvent, LoggedEvent, Workload
 from sessions_app.runtime import lease as leases
@@ -39,6 +41,8 @@ from sessions_app.runtime.view import TurnState, TurnView
 from sessions_app.tools.base import Definition
 
 Entry = tuple[str, dict[str, Any]]
+logger = logging.getLogger(__name__)
+LOST_LEASE = "the lease was lost before the reply committed"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,29 @@ class Outbox:
         self.inline.append(InlineCall(len(self.buffer), call, definition, args))
         self.buffer.append(result)
 
+    def record_spend(self) -> None:
+        """The lease is gone, and with it this buffer: but the model requests
+        it made were spent all the same. Record their usage without a fence
+        (usage/recorded counts whoever holds the session now; the new holder
+        redoes the step, and its own request counts on its own step/end)."""
+        st = self.view.state(self.buffer)
+        step = st.open_step or st.max_step or None  # the buffer may close the step it belongs to
+        spend: list[Entry] = []
+        for kind, data in self.buffer:
+            if kind == "usage/recorded":
+                spend.append((kind, data))
+            elif kind == "assistant/message" and data.get("usage") is not None:
+                entry = {"purpose": "step", "model": self.view.spec, "usage": data["usage"], "reason": LOST_LEASE}
+                if step is not None:
+                    entry["step"] = step
+                spend.append(("usage/recorded", entry))
+        if not spend:
+            return
+        try:
+            log.append_many(self.sid, spend)
+        except Exception:
+            logger.exception("session %s: the spend of a lost lease could not be recorded", self.sid)
+
     def keep_storable(self) -> None:
         """Drop what the log would refuse from the buffer (a failing turn keeps
         the rest, and closes the turn after it)."""
@@ -90,7 +117,11 @@ class Outbox:
         appended: log.Appended = log.Appended()
         while self.buffer:
             guard = ("policy_at", self.view.policy_seq or 0) if self.inline else None
-            appended = log.append_many(self.sid, self.buffer, fence=self.lease.fence, guard=guard, release=release)
+            try:
+                appended = log.append_many(self.sid, self.buffer, fence=self.lease.fence, guard=guard, release=release)
+            except LeaseLost:
+                self.record_spend()
+                raise
             if appended:
                 break
             before = self.view.policy_seq

@@ -168,7 +168,13 @@ class TurnRunner:
         owes (verdicts come from the log), then close it. A step that died
         before its assistant message stays unclosed; numbering continues."""
         message = st.assistant_in_open_step()
-        if message is None or st.open_step is None:
+        if st.open_step is None:
+            return None
+        if message is None:
+            if not st.step_spend_known(st.open_step):
+                # Its request may have been made and charged; nobody will know the figure.
+                model = next((e.data["model"] for e in st.events if e.seq == st.open_step_seq), self.view.spec)
+                self.spent(model, st.open_step, None, "the worker stopped before the reply was recorded")
             return None
         if self.execute_calls(message, st) is Outcome.PARKED:
             return Outcome.PARKED
@@ -177,6 +183,12 @@ class TurnRunner:
             end["usage"] = message.data["usage"]
         self.outbox.emit("step/end", end)
         return None
+
+    def spent(self, spec: str, step: int, usage: dict[str, Any] | None, reason: str) -> None:
+        """A model request's spend that no step/end will carry (usage None:
+        unknown, counted as unpriced, never as $0)."""
+        entry = {"purpose": "step", "model": spec, "usage": usage, "step": step, "reason": reason}
+        self.outbox.emit("usage/recorded", entry)
 
     def drain_inbox(self) -> None:
         """Queued input rides into the next step as context/injected."""
@@ -213,6 +225,10 @@ class TurnRunner:
             partial = _assistant_payload(ModelReply(stopped.partial.content, [], stopped.partial.usage))
             self.outbox.emit("assistant/message", {**partial, "partial": True})
             return self.close_cancelled(self.outbox.state())
+        except ModelError as failed:
+            if failed.usage is not None:  # spent before it failed: a torn stream, a deadline
+                self.spent(spec, step, failed.usage.as_json(), f"the call failed: {type(failed).__name__}")
+            raise
         self.outbox.emit("assistant/message", _assistant_payload(reply))
         end: dict[str, Any] = {"step": step}
         if reply.usage is not None:

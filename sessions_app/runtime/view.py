@@ -94,6 +94,16 @@ class TurnState:
         waiting = self.asked | self.unknown
         return any(call.id not in waiting for call in self.owed_calls(message))
 
+    def step_spend_known(self, step: int) -> bool:
+        """Whether the spend of `step`'s model request is on record without a
+        step/end: a usage/recorded of the step, or a stalled attempt after its
+        step/start (whose failure recorded what the provider reported)."""
+        start = next((e.seq for e in self.events if e.kind == "step/start" and e.data["step"] == step), 0)
+        return any(
+            (e.kind == "usage/recorded" and e.data.get("step") == step) or (e.kind == "turn/stalled" and e.seq > start)
+            for e in self.events
+        )
+
     @property
     def inbox_pending(self) -> bool:
         return any(seq not in self.consumed for seq in self.queued)

@@ -99,7 +99,8 @@ def entry_totals(kind: str, data: dict[str, Any]) -> Totals:
     steps = 1 if kind == "step/end" else 0
     figure = data.get("usage")
     if figure is None:
-        return Totals(steps=steps, unpriced=1)
+        # A step/end whose request a usage/recorded counted already adds only the step.
+        return Totals(steps=steps, unpriced=0 if data.get("usage_recorded") else 1)
     cost = figure.get("cost")
     return Totals(
         int(figure["prompt_tokens"]),

@@ -327,6 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._keep_alive_forever()
             self._before_chunk(reply, n)
             self._write_chunk(_sse({**base, "created": int(time.time()), **chunk}, reply.multiline))
+            if chunk.get("usage"):
+                self.server.fake._count_usage(chunk["usage"])
         if reply.keepalive_forever and reply.keepalive_after >= len(chunks):
             self._keep_alive_forever()  # every chunk sent, usage too, but never [DONE]
         if not reply.omit_done and reply.stream_error is None:
@@ -392,6 +394,7 @@ class FakeLLM:
         self._connections: set[socket.socket] = set()
         self.connections_opened = 0  # TCP connections accepted so far (keep-alive reuse shows here)
         self.keepalives_sent = 0  # comments sent by `keepalive_forever` replies
+        self.usage_sent: list[dict[str, Any]] = []  # every usage chunk written in full, in order
         self._stopped = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -469,6 +472,17 @@ class FakeLLM:
                 self.connections_opened += 1
             else:
                 self._connections.discard(conn)
+
+    def _count_usage(self, usage: dict[str, Any]) -> None:
+        with self._lock:
+            self.usage_sent.append(dict(usage))
+
+    @property
+    def tokens_sent(self) -> int:
+        """Tokens this server reported spending, in the usage chunks it wrote
+        in full: what a provider would bill, the audit's other side."""
+        with self._lock:
+            return sum(u["prompt_tokens"] + u["completion_tokens"] for u in self.usage_sent)
 
     def _count_keepalive(self) -> None:
         with self._lock:

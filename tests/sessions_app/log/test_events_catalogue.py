@@ -70,10 +70,13 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"step": 2, "usage": USAGE},
         {"step": 3, "usage": {"prompt_tokens": 0, "completion_tokens": 0}},
         {"step": 4, "usage": {**USAGE, "cost": None}},
+        {"step": 5, "usage_recorded": True},
     ],
     "usage/recorded": [
         {"purpose": "title", "usage": USAGE},
         {"purpose": "compaction", "model": "x/y", "usage": {**USAGE, "cost": None}},
+        {"purpose": "step", "model": "x/y", "usage": None, "step": 2, "reason": "the worker stopped"},
+        {"purpose": "step", "usage": USAGE, "step": 1},
     ],
     "input/queued": [
         {"text": "later", "wake": False},
@@ -143,7 +146,13 @@ INVALID: dict[str, list[Any]] = {
         {"step": 1, "usage": {**USAGE, "cost": -0.1}},
         {"step": 1, "usage": {**USAGE, "currency": "USD"}},
     ],
-    "usage/recorded": [{"purpose": "title"}, {"purpose": "chat", "usage": USAGE}, {"usage": USAGE}],
+    "usage/recorded": [
+        {"purpose": "title"},
+        {"purpose": "chat", "usage": USAGE},
+        {"usage": USAGE},
+        {"purpose": "step", "usage": "none"},
+        {"purpose": "step", "usage": None, "step": 0},
+    ],
     "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
     "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
     "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],

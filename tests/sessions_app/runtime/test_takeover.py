@@ -118,7 +118,7 @@ def test_kill_9_of_the_only_worker_a_fresh_one_finishes_within_2s_of_being_ready
     assert len(fake_llm.requests) == 2
 
 
-def test_a_paused_worker_whose_lease_was_taken_over_writes_nothing_when_it_wakes(
+def test_a_paused_worker_whose_lease_was_taken_over_writes_only_its_spend_when_it_wakes(
     start_worker: Any, fake_llm: Any, session: Session
 ) -> None:
     # A paused process keeps its sockets, so its liveness lock stays held:
@@ -138,11 +138,19 @@ def test_a_paused_worker_whose_lease_was_taken_over_writes_nothing_when_it_wakes
     finally:
         paused.resume()
     # Its model reply has been waiting in its socket; it goes on, finds its
-    # lease superseded, and stops without a write.
+    # lease superseded, and writes nothing of the turn: only what its request
+    # cost, unfenced, so the session's spend matches what the provider billed.
     wait_for(lambda: "'lost'" in paused.output(), timeout=30, what="the paused drive giving up")
     time.sleep(0.5)
-    assert log_of(session) == taken_over
+    after = log_of(session)
+    assert after[: len(taken_over)] == taken_over
+    ((_, kind, data),) = after[len(taken_over) :]
+    assert kind == "usage/recorded" and data["purpose"] == "step" and data["step"] == 1
+    assert data["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "cost": None}
+    assert "lease was lost" in data["reason"]
     assert len(fake_llm.requests) == 2
+    row = Session.objects.get(id=session.id)
+    assert row.prompt_tokens + row.completion_tokens == fake_llm.tokens_sent == 30
     assert paused.proc.poll() is None, "the woken worker keeps running"
 
 
