@@ -63,8 +63,26 @@ class AgentProfileForm(ProfileChecks):
             "context_windows",
             "summarizer",
             "system_prompt",
+            "daily_cost_usd",
+            "daily_tokens",
+            "daily_steps",
+            "daily_turns",
             "created_at",
         ]
+        help_texts = {
+            "daily_cost_usd": "The profile's budget per UTC day over all its sessions, in USD (blank: no limit).",
+            "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit).",
+            "daily_steps": "Model steps per UTC day (blank: no limit).",
+            "daily_turns": "Turns per UTC day (blank: no limit).",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        for name in ("daily_cost_usd", "daily_tokens", "daily_steps", "daily_turns"):
+            value = cleaned.get(name)
+            if value is not None and value < 0:
+                self.add_error(name, "A budget cannot be negative (blank: no limit).")
+        return cleaned
 
 
 @admin.register(AgentProfile)

@@ -41,6 +41,12 @@ class AgentProfile(models.Model):
     # {"main": 128000, "compactor": 32000}: the context window, in tokens, of a
     # role's model; a role left out has none declared (one may be learned from
     # a provider's context-length error: ModelWindow).
+    # Per-UTC-day ceilings over every session of the profile (None: none);
+    # the global ones are settings (TERRET_DAILY_*). See runtime/limits.py.
+    daily_cost_usd = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    daily_tokens = models.BigIntegerField(null=True, blank=True)
+    daily_steps = models.BigIntegerField(null=True, blank=True)
+    daily_turns = models.BigIntegerField(null=True, blank=True)
     context_windows = models.JSONField(
         default=dict, blank=True, help_text='Context window in tokens per model role, e.g. {"main": 128000}'
     )
@@ -108,6 +114,17 @@ class Session(models.Model):
     # waiting_reconcile). A turn/end starts it over.
     unknown_effects = models.IntegerField(default=0)
 
+    # The session's budget (its latest budget/updated; None: no limit) and
+    # the turns it opened, beside the usage totals above (runtime/limits.py).
+    budget_cost_usd = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    budget_tokens = models.BigIntegerField(null=True, blank=True)
+    budget_steps = models.BigIntegerField(null=True, blank=True)
+    budget_turns = models.BigIntegerField(null=True, blank=True)
+    turns = models.BigIntegerField(default=0)
+    # The oldest input held because a budget was exhausted (input/held), until
+    # a turn takes it in; the sweep offers it again (a new day, a raised budget).
+    held_seq = models.BigIntegerField(null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         # Every append updates this row, so no column an append writes is
@@ -119,6 +136,7 @@ class Session(models.Model):
             # slots to them after every turn. Partial, and on a column ordinary
             # appends leave alone, so those stay HOT.
             models.Index(fields=["waiting_seq"], condition=models.Q(waiting_seq__isnull=False), name="session_waiting"),
+            models.Index(fields=["held_seq"], condition=models.Q(held_seq__isnull=False), name="session_held"),
         ]
 
     def __str__(self) -> str:
@@ -253,6 +271,8 @@ class UsageDay(models.Model):
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
     cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0))
+    # A database default too: the usage upserts (log/catalogue.py) name only their own columns.
+    turns = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-day"]

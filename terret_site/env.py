@@ -8,6 +8,7 @@ as odd behaviour a week later.
 from __future__ import annotations
 
 import os
+from decimal import Decimal, InvalidOperation
 from urllib.parse import urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -99,3 +100,17 @@ def env_pauses(name: str, points: frozenset[str]) -> dict[tuple[str, str], float
             raise ImproperlyConfigured(f"{name}: {item!r}: seconds must be from 0 to 600")
         out[(point, tool)] = value
     return out
+
+
+def env_limit(name: str, *, decimal: bool = False) -> Decimal | int | None:
+    """An optional non-negative limit: unset or empty is no limit."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value: Decimal | int = Decimal(raw.strip()) if decimal else int(raw)
+    except (ValueError, InvalidOperation):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a {'number' if decimal else 'whole number'}") from None
+    if value < 0 or (decimal and not Decimal(value).is_finite()):
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number >= 0")
+    return value

@@ -18,7 +18,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
-from terret_site.env import env_bool, env_float, env_int, env_list, env_pauses, env_str, env_url
+from terret_site.env import env_bool, env_float, env_int, env_limit, env_list, env_pauses, env_str, env_url
 
 # Lets ModelAdmin[Model] and QuerySet[Model] be written at runtime for mypy.
 django_stubs_ext.monkeypatch()
@@ -225,6 +225,11 @@ TERRET_CANCEL_POLL_SECONDS = env_float("TERRET_CANCEL_POLL_SECONDS", 0.5, minimu
 TERRET_LIVENESS_POLL_SECONDS = env_float("TERRET_LIVENESS_POLL_SECONDS", 0.5, minimum=0.05)
 # An agent with no turn for this long is disposed of; the next stimulus respawns it.
 TERRET_AGENT_IDLE_SECONDS = env_float("TERRET_AGENT_IDLE_SECONDS", 900.0, minimum=1.0)
+# Global budgets per UTC day over every session (runtime/limits.py; unset: none).
+TERRET_DAILY_COST_USD = env_limit("TERRET_DAILY_COST_USD", decimal=True)
+TERRET_DAILY_TOKENS = env_limit("TERRET_DAILY_TOKENS")
+TERRET_DAILY_STEPS = env_limit("TERRET_DAILY_STEPS")
+TERRET_DAILY_TURNS = env_limit("TERRET_DAILY_TURNS")
 # Context windows (docs/compaction.md): a request's tokens are estimated as its characters
 # over this, and this many tokens (at most an eighth of the window) are left for the reply.
 TERRET_CHARS_PER_TOKEN = env_float("TERRET_CHARS_PER_TOKEN", 3.5, minimum=1.0)

@@ -29,6 +29,7 @@ from sessions_app.errors import InvalidInput
 from sessions_app.log.reads import blocked_info, events_page, usage, waiting_info
 from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive, can_resolve, can_view, owner_may_resolve
+from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import effects as effect_services
 
@@ -123,6 +124,7 @@ def session_detail(user: Any, session_id: Any) -> dict[str, Any]:
         },
         "last_seq": session.last_seq,
         "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in approvals.pending(session.id)],
+        "budget": budget_services.budget_of(session.id),
     }
 
 
@@ -161,6 +163,19 @@ def effects(user: Any, session_id: Any) -> dict[str, Any]:
     session = session_for(user, session_id, "view")
     rows = effect_services.effects(session.id)
     return {"effects": [e.as_json() for e in rows], "pending": sum(1 for e in rows if e.state == "unknown")}
+
+
+def budget(user: Any, session_id: Any) -> dict[str, Any]:
+    """The session's limits, its spend, and the first budget at any scope
+    (session, profile per UTC day, global per UTC day) that keeps a new turn
+    from starting (`exhausted`, None when none does)."""
+    session = session_for(user, session_id, "view")
+    return budget_services.budget_of(session.id)
+
+
+def budget_state(session_id: uuid.UUID) -> dict[str, Any]:
+    """`budget` for a socket that was allowed to read the session already."""
+    return budget_services.budget_of(session_id)
 
 
 # ---------------------------------------------------------------- actions
@@ -223,6 +238,14 @@ def resolve(
     )
     fresh = Session.objects.filter(id=session.id).first()
     return {"resolved": effect.as_json(), "status": (fresh or session).status}
+
+
+def set_budget(user: Any, session_id: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Replace the session's four limits (budget/updated; null: no limit);
+    the budget as `budget` reads it afterwards."""
+    session = session_for(user, session_id, "drive")
+    budget_services.set_budget(session.id, values, by=_by(user))
+    return budget_services.budget_of(session.id)
 
 
 def compact(user: Any, session_id: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessions_app.log.catalogue import MODEL_ROLES, RESOLUTIONS, has_nul
 from sessions_app.services import MAX_INPUT_CHARS
+from sessions_app.services.budgets import MAX_COST_USD, MAX_COUNT
 from sessions_app.services.effects import MAX_REASON_CHARS as MAX_RESOLVE_REASON_CHARS
 from sessions_app.services.effects import MAX_RESULT_CHARS
 
@@ -33,6 +34,8 @@ assert set(RESOLUTIONS) == {"rerun", "done", "failed"}  # keep the Literal in st
 # stopped retrying by itself; see /retry).
 Status = Literal["idle", "running", "waiting_approval", "waiting_reconcile", "blocked"]
 EffectState = Literal["in_flight", "done", "failed", "unknown", "resolved"]
+BudgetName = Literal["cost_usd", "tokens", "steps", "turns"]
+BudgetScope = Literal["session", "profile", "global"]
 
 Text = Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
@@ -90,6 +93,20 @@ class ResolveIn(In):
     reason: Annotated[str, Field(max_length=MAX_RESOLVE_REASON_CHARS)] | None = None
 
 
+CostLimit = Annotated[float, Field(ge=0, le=float(MAX_COST_USD))]
+CountLimit = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
+class BudgetIn(In):
+    """The session's four limits, each over its whole life. Every field is
+    required; null means no limit."""
+
+    cost_usd: CostLimit | None = Field(description="US dollars (kept to 6 decimal places), or null")
+    tokens: CountLimit | None = Field(description="prompt plus completion tokens, or null")
+    steps: CountLimit | None = Field(description="model steps, or null")
+    turns: CountLimit | None = Field(description="turns, or null")
+
+
 # ---------------------------------------------------------------- socket frames
 
 
@@ -126,6 +143,11 @@ class ModelFrame(ClientFrame):
     spec: Annotated[str, Field(min_length=1, max_length=200)]
 
 
+class BudgetFrame(ClientFrame):
+    type: Literal["budget"]
+    limit: BudgetIn
+
+
 FRAMES: dict[str, type[ClientFrame]] = {
     "inject": InjectFrame,
     "approve": DecisionFrame,
@@ -136,6 +158,7 @@ FRAMES: dict[str, type[ClientFrame]] = {
     "ping": BareFrame,
     "set_policy": PolicyFrame,
     "set_model": ModelFrame,
+    "budget": BudgetFrame,
 }
 
 
@@ -192,6 +215,47 @@ class WaitingOut(Schema):
     since: str = Field(description="ISO 8601: since when the session waits")
 
 
+class BudgetLimitOut(Schema):
+    """The session's own limits (null: no limit)."""
+
+    cost_usd: float | None
+    tokens: int | None
+    steps: int | None
+    turns: int | None
+
+
+class BudgetSpentOut(Schema):
+    """What the session has spent over its whole life."""
+
+    cost_usd: float
+    tokens: int = Field(description="prompt plus completion tokens")
+    steps: int
+    turns: int
+    unpriced: int = Field(
+        description="usage entries of unknown price: while above 0 a cost budget cannot be enforced and counts "
+        "as exhausted (unpriced is never $0)"
+    )
+
+
+class ExhaustedOut(Schema):
+    """The first budget that keeps a new turn from starting."""
+
+    budget: BudgetName
+    scope: BudgetScope = Field(description="session; profile (its UTC day); global (the installation's UTC day)")
+    limit: int | float
+    spent: int | float
+    unpriced: int | None = Field(None, description="set when a cost budget cannot be enforced: unpriced entries")
+    message: str = Field(description="the same in words")
+
+
+class BudgetOut(Schema):
+    limit: BudgetLimitOut
+    spent: BudgetSpentOut
+    exhausted: ExhaustedOut | None = Field(
+        description="null while every budget (session, profile's day, global day) allows a new turn"
+    )
+
+
 class SessionOut(Schema):
     id: str
     profile: str | None
@@ -206,14 +270,19 @@ class SessionOut(Schema):
     usage: UsageOut
     last_seq: int
     pending_approvals: list[PendingOut]
+    budget: BudgetOut = Field(description="as GET …/budget answers")
 
 
 class ReceiptOut(Schema):
-    disposition: Literal["started", "queued"]
+    disposition: Literal["started", "queued", "held"] = Field(
+        description="started: it opened a turn; queued: it rides the open turn's next step (or waits, with "
+        "wake false); held: a budget keeps a new turn from starting, so it is kept until the budget allows"
+    )
     seq: int
     turn_seq: int | None
     idempotency_key: str | None
     replayed: bool
+    held_reason: str | None = Field(None, description="held only: which budget holds it, in words")
 
 
 class EventOut(Schema):

@@ -27,6 +27,8 @@ from sessions_app.api.errors import (
     error_body,
 )
 from sessions_app.api.schemas import (
+    BudgetIn,
+    BudgetOut,
     CancelOut,
     CompactOut,
     CreatedOut,
@@ -232,6 +234,22 @@ def resolve_effect(request: HttpRequest, session_id: str, call_id: str, payload:
     failed. 404 unknown_effect: no attempt of that call; 409
     effect_not_pending: none of unknown outcome, or a rerun of an ended turn."""
     return ops.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+
+
+@api.get("/sessions/{session_id}/budget", response={200: BudgetOut, **_READ_ERRORS}, tags=["budgets"])
+def get_budget(request: HttpRequest, session_id: str) -> Any:
+    """The session's limits and spend, and the first budget at any scope
+    (session; the profile's or the installation's UTC day) that keeps a new
+    turn from starting (`exhausted`, null when none does)."""
+    return ops.budget(_user(request), session_id)
+
+
+@api.put("/sessions/{session_id}/budget", response={200: BudgetOut, **_WRITE_ERRORS}, tags=["budgets"])
+def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
+    """Replace the session's four limits (all four required; null: no
+    limit); the budget as GET answers it afterwards. Held input runs once
+    the budgets allow it. The owner or staff."""
+    return ops.set_budget(_user(request), session_id, payload.model_dump())
 
 
 @api.post(

@@ -58,6 +58,18 @@ def _obj(props: Json, required: list[str] | None = None) -> Json:
     return {"type": "object", "properties": props, "required": required or [], "additionalProperties": False}
 
 
+_BUDGET_REASON = _obj(
+    {
+        "budget": {"enum": ["cost_usd", "tokens", "steps", "turns"]},
+        "scope": {"enum": ["session", "profile", "global"]},
+        "limit": {"type": "number", "minimum": 0},
+        "spent": {"type": "number", "minimum": 0},
+        "unpriced": {"type": "integer", "minimum": 0},
+    },
+    ["budget", "scope", "limit", "spent"],
+)
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -78,7 +90,11 @@ def _inbox(data: Json) -> list[Assignment]:
     src = data.get("source_seq")
     if src is None:
         return []
-    return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src])]
+    return [
+        ("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src]),
+        # Held input is held no more once a turn takes in what was held.
+        ("held_seq = CASE WHEN held_seq <= %s THEN NULL ELSE held_seq END", [src]),
+    ]
 
 
 def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) -> list[Assignment]:
@@ -111,6 +127,15 @@ _USAGE_DAY_UPSERT = (
     f"cost = {_USAGE_DAY}.cost + excluded.cost"
 )
 
+
+_TURNS_DAY_UPSERT = (
+    f"INSERT INTO {_USAGE_DAY} "
+    "(day, profile_id, steps, unpriced_entries, prompt_tokens, completion_tokens, cost, turns) "
+    "SELECT s.day, s.profile_id, 0, 0, 0, 0, 0, 1 FROM s WHERE true "
+    f"ON CONFLICT (day, profile_id) DO UPDATE SET turns = {_USAGE_DAY}.turns + 1"
+)
+_LIMIT = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
+BUDGETS = ("cost_usd", "tokens", "steps", "turns")
 
 _MODEL_WINDOW_UPSERT = (
     "INSERT INTO sessions_app_modelwindow (spec, tokens) SELECT %s, %s FROM s WHERE true "
@@ -196,14 +221,19 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"by": _STR}),
             False,
             "A turn opens. At most one turn is open at a time.",
-            lambda d: [("open_turn_seq = NEW_SEQ", []), *_TURN_FRESH],
+            lambda d: [("open_turn_seq = NEW_SEQ", []), ("turns = turns + 1", []), *_TURN_FRESH],
+            lambda d: [(_TURNS_DAY_UPSERT, [])],
         ),
         Kind(
             "turn/end",
-            _obj({"status": {"enum": list(TURN_STATUSES)}, "error": _STR, "by": _STR}, ["status"]),
+            _obj(
+                {"status": {"enum": list(TURN_STATUSES)}, "error": _STR, "by": _STR, "reason": _BUDGET_REASON},
+                ["status"],
+            ),
             False,
             "The open turn closes with one of five statuses; `error` says why a turn failed (a provider's own "
-            "message included, cut short and without secrets). `by` names who closed a turn no worker held.",
+            "message included, cut short and without secrets). `by` names who closed a turn no worker held. "
+            "`reason` is structured when a budget ended it: which budget, at what scope, its limit and the spend.",
             lambda d: [("open_turn_seq = NULL", []), ("pending_approvals = 0", []), *_TURN_FRESH],
         ),
         Kind(
@@ -339,6 +369,36 @@ CATALOGUE: dict[str, Kind] = {
             "An operator's answer to an unknown attempt: run it again (a new attempt, same key), or record it "
             "done (with the result the model sees) or failed.",
             lambda d: [("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", [])],
+        ),
+        Kind(
+            "budget/updated",
+            _obj(
+                {
+                    "cost_usd": {"anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}]},
+                    "tokens": _LIMIT,
+                    "steps": _LIMIT,
+                    "turns": _LIMIT,
+                    "by": _STR,
+                },
+                ["cost_usd", "tokens", "steps", "turns"],
+            ),
+            False,
+            "The session's budget from now on, each limit over the session's whole life (null: none). Spent is "
+            "the usage totals: cost in USD, prompt plus completion tokens, model steps, turns.",
+            lambda d: [
+                ("budget_cost_usd = %s", [None if d["cost_usd"] is None else Decimal(str(d["cost_usd"]))]),
+                ("budget_tokens = %s", [d["tokens"]]),
+                ("budget_steps = %s", [d["steps"]]),
+                ("budget_turns = %s", [d["turns"]]),
+            ],
+        ),
+        Kind(
+            "input/held",
+            _obj({"source_seq": _SEQ, "reason": _BUDGET_REASON, "text": _STR}, ["source_seq", "reason"]),
+            False,
+            "Queued input (source_seq) is held: a budget is exhausted, so no turn starts for it. It runs once "
+            "the budget allows (raised, or a new UTC day for a daily one): the sweep offers it again.",
+            lambda d: [("held_seq = CASE WHEN held_seq IS NULL THEN %s ELSE held_seq END", [d["source_seq"]])],
         ),
         Kind(
             "approval/requested",

@@ -29,14 +29,20 @@ from django.db import connection
 
 from sessions_app.errors import SessionNotFound
 from sessions_app.log import backends
-from sessions_app.log.catalogue import MODEL_ROLES
+from sessions_app.log.catalogue import BUDGETS, MODEL_ROLES
 from sessions_app.log.reads import TURN_VIEW_KINDS, ViewRow, turn_view_filter
 from sessions_app.log.records import WORKLOAD_COLUMNS, Workload
 from sessions_app.log.runs import EVENT_TABLE, RELEASE_SET, SESSION_TABLE
 from sessions_app.log.sql import Sql
 from sessions_app.models import Agent, AgentProfile, Session
 
-DRIVING_COLUMNS = ("compacted_seq", "title", "policy_seq", *(f"model_{role}" for role in MODEL_ROLES))
+DRIVING_COLUMNS = (
+    "compacted_seq",
+    "title",
+    "policy_seq",
+    *(f"model_{role}" for role in MODEL_ROLES),
+    *(f"budget_{name}" for name in BUDGETS),
+)
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table
 _PROFILE_FIELDS = AgentProfile._meta.concrete_fields

@@ -23,7 +23,13 @@ CANCELLED_RESULT = "cancelled: the turn was cancelled"
 
 
 def closing_entries(
-    events: list[LoggedEvent], status: str, *, error: str = "", owed: str = CANCELLED_RESULT, by: str = ""
+    events: list[LoggedEvent],
+    status: str,
+    *,
+    error: str = "",
+    owed: str = CANCELLED_RESULT,
+    by: str = "",
+    reason: dict[str, Any] | None = None,
 ) -> list[Entry]:
     """The entries that close the turn whose events (turn/start onward) are
     `events`: results for owed calls (content `owed`), step/end, turn/end."""
@@ -41,8 +47,8 @@ def closing_entries(
                 # The attempt ends with the turn, but what it did stays unknown
                 # unless replaying it was safe: operators still see it.
                 if last.state == "in_flight" and last.data.get("replay") != "safe":
-                    reason = f"the turn closed ({status}) while the attempt's outcome was unknown"
-                    unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": reason}
+                    why = f"the turn closed ({status}) while the attempt's outcome was unknown"
+                    unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": why}
                     out.append(("tool/unknown", unknown))
                 result.update(attempt=last.number, via="closing")
             out.append(("tool/result", result))
@@ -58,5 +64,7 @@ def closing_entries(
         closed["error"] = error
     if by:
         closed["by"] = by
+    if reason:
+        closed["reason"] = reason
     out.append(("turn/end", closed))
     return out

@@ -24,9 +24,9 @@ from django.conf import settings
 
 from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
-from sessions_app.log.reads import turn_events
+from sessions_app.log.reads import pending_inputs, turn_events
 from sessions_app.log.records import Workload
-from sessions_app.runtime import admission, failures, hooks, lifecycle, registry
+from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outcomes import Outcome
@@ -141,6 +141,10 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
     assert profile is not None
     turn_seq = workload.open_turn_seq
     if turn_seq is None:
+        over = limits.check(sid, profile, opening=True, budgeted=lease.driving.budgeted)
+        if over is not None:
+            hold_input(sid, lease, over)
+            return Outcome.IDLE, None
         with log.locked(sid, fence=lease.fence) as tx:
             if not admission.has_woken_input(sid, tx.row["inbox_seq"]):
                 return Outcome.IDLE, None
@@ -150,6 +154,18 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
             lease.driving = leases.driving_from_row(profile, tx.row)
     runner = TurnRunner(sid, profile, lease)
     return runner.run(turn_seq), runner
+
+
+def hold_input(sid: uuid.UUID, lease: leases.Lease, over: limits.Exceeded) -> None:
+    """Woken input that a budget keeps from starting a turn stays queued,
+    visibly held (input/held, once until a turn takes it in); the sweep
+    offers it again, and a raised budget wakes it."""
+    with log.locked(sid, fence=lease.fence) as tx:
+        if tx.row["held_seq"] is not None:
+            return
+        woken = [i for i in pending_inputs(sid, tx.row["inbox_seq"]) if i.data.get("wake")]
+        if woken:
+            tx.append("input/held", {"source_seq": woken[0].seq, "reason": over.as_json(), "text": over.message})
 
 
 def _spawn(sid: uuid.UUID, lease: leases.Lease) -> Outcome | None:

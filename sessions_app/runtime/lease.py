@@ -31,7 +31,7 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions_app.log import leases as statements
-from sessions_app.log.catalogue import MODEL_ROLES
+from sessions_app.log.catalogue import BUDGETS, MODEL_ROLES
 from sessions_app.log.reads import ViewRow
 from sessions_app.log.records import Fence, Workload
 from sessions_app.models import AgentProfile
@@ -73,12 +73,16 @@ class Driving:
     titled: bool
     overrides: dict[str, str]
     policy_seq: int | None = None
+    # Whether the session has a budget of its own (budget/updated), so the
+    # runner knows whether checking it costs a read (runtime/limits.py).
+    budgeted: bool = False
 
 
 def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
     """Driving from a row read under the session lock (log.locked's tx.row)."""
     overrides = {role: row[f"model_{role}"] for role in MODEL_ROLES if row[f"model_{role}"]}
-    return Driving(profile, row["compacted_seq"], bool(row["title"]), overrides, row["policy_seq"])
+    budgeted = any(row[f"budget_{name}"] is not None for name in BUDGETS)
+    return Driving(profile, row["compacted_seq"], bool(row["title"]), overrides, row["policy_seq"], budgeted)
 
 
 @dataclass

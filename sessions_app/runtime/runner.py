@@ -51,7 +51,7 @@ from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, M
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, storable, windows
+from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, limits, storable, windows
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
@@ -109,10 +109,19 @@ class TurnRunner:
             overrides=self.lease.driving.overrides,
         )
 
-    def end(self, status: str, error: str = "") -> Outcome:
-        self.outbox.emit("turn/end", {"status": status, "error": error} if error else {"status": status})
+    def end(self, status: str, error: str = "", reason: dict[str, Any] | None = None) -> Outcome:
+        data: dict[str, Any] = {"status": status, "error": error} if error else {"status": status}
+        if reason:
+            data["reason"] = reason
+        self.outbox.emit("turn/end", data)
         self.flush(release=True)
         return Outcome.ENDED
+
+    def over_budget(self) -> limits.Exceeded | None:
+        """The first budget the next model call would pass (runtime/limits.py)."""
+        budgeted = self.lease.driving.budgeted or self.view.budgeted
+        pending = limits.buffered(self.outbox.buffer)  # the last step's tail rides the next commit
+        return limits.check(self.sid, self.profile, opening=False, budgeted=budgeted, pending=pending)
 
     # -- the turn
 
@@ -138,6 +147,9 @@ class TurnRunner:
             reason = hooks.first_rejection(hooks.StepContext(self.sid, self.profile))
             if reason:
                 return self.end("rejected", reason)
+            over = self.over_budget()
+            if over is not None:
+                return self.end("rejected", over.message, over.as_json())
         if st.open_step is not None:
             outcome = self.close_open_step(st)
             if outcome is not None:
@@ -197,6 +209,10 @@ class TurnRunner:
 
     def step(self, step: int, resuming: bool) -> Outcome | None:
         spec = self.view.spec
+        if step > 1 or resuming:  # the first step's check is the turn's own, above
+            over = self.over_budget()
+            if over is not None:
+                return self.fail(failures.Failure(False, over.message), reason=over.as_json())
         self.outbox.emit("step/start", {"step": step, "model": spec})
         self.flush()  # with the previous step's tail: one commit before the model call
         st = self.outbox.state()
@@ -309,7 +325,7 @@ class TurnRunner:
 
     # -- failure, hand-over
 
-    def fail(self, failure: failures.Failure) -> Outcome:
+    def fail(self, failure: failures.Failure, reason: dict[str, Any] | None = None) -> Outcome:
         """Close the turn failed, or (a transient failure of a re-entered
         turn) record a stalled attempt and leave the turn for a retry, or
         block it after TERRET_RESUME_ATTEMPTS attempts."""
@@ -318,7 +334,8 @@ class TurnRunner:
         st = self.outbox.state()
         if not (failure.transient and self.resuming):
             owed = f"failed: {failure.message[:200]}"
-            for kind, data in closing_entries(st.events, "failed", error=failure.message, owed=owed):
+            entries = closing_entries(st.events, "failed", error=failure.message, owed=owed, reason=reason)
+            for kind, data in entries:
                 self.outbox.emit(kind, data)
             self.flush(release=True)
             return Outcome.ENDED

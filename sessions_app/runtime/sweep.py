@@ -13,6 +13,9 @@ with an attempt of unknown outcome (tool/unknown) for an operator, and a
 session waiting for an agent slot (agent/waiting) for a slot; none needs a
 worker, so the sweep leaves them alone.
 
+An idle session whose input a budget holds (input/held) is offered again,
+so a new UTC day lets a daily budget's held input run.
+
 A turn that was admitted but never claimed has no lease at all. Its wake-up
 is normally still on its way through the broker, so the periodic sweep
 treats the admission as an implicit lease: such a turn is swept once its last
@@ -93,12 +96,21 @@ def _not_woken_lately(ids: list[str]) -> list[str]:
     return fresh
 
 
+def held() -> list[str]:
+    """Idle sessions whose input a budget holds: each is woken again (at most
+    once a lease period per process), and its drive checks the budgets anew:
+    a new UTC day, a raised limit, or still held (then it appends nothing)."""
+    found = Session.objects.filter(held_seq__isnull=False, open_turn_seq__isnull=True, lease_owner="")
+    return _not_woken_lately([str(i) for i in found.values_list("id", flat=True)[:SWEEP_BATCH]])
+
+
 def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
     """One round of a worker's sweeper: turns nobody drives, idle agents,
     free agent slots, each woken with `wake`. Each part on its own, so one
     failing does not stop the others."""
     parts: list[tuple[str, Callable[[], list[str]]]] = [
         ("sweep", lambda: sweep(at_start=at_start)),
+        ("offering held input", held),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
     ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions_app.llm.types import ToolCall
-from sessions_app.log.catalogue import MODEL_VISIBLE
+from sessions_app.log.catalogue import BUDGETS, MODEL_VISIBLE
 from sessions_app.log.projection import render
 from sessions_app.log.reads import events_since, turn_view
 from sessions_app.log.records import LoggedEvent
@@ -139,6 +139,8 @@ class TurnView:
         self.spec = ""
         # The seq of the policy/updated in force as of `seen` (None: none yet).
         self.policy_seq = lease.driving.policy_seq
+        # Whether the session has a budget of its own (as claimed, then as seen).
+        self.budgeted = lease.driving.budgeted
         # For the post-turn work, so it need not read them back.
         self.first_user_text: str | None = None
         self.last_prompt_tokens: int | None = None
@@ -200,6 +202,8 @@ class TurnView:
             self.last_prompt_tokens = int(e.data["usage"].get("prompt_tokens", 0))
         elif e.kind == "policy/updated":
             self.policy_seq = e.seq
+        elif e.kind == "budget/updated":
+            self.budgeted = any(e.data[name] is not None for name in BUDGETS)
 
     def state(self, pending: list[tuple[str, dict[str, Any]]]) -> TurnState:
         """The turn as known, with `pending` (buffered, uncommitted) events

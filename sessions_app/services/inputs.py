@@ -18,7 +18,7 @@ from sessions_app.errors import IdempotencyConflict, InvalidInput, NotBlocked, T
 from sessions_app.log.reads import turn_events
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
-from sessions_app.runtime import admission, dispatch
+from sessions_app.runtime import admission, dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.registry import lease_live
 
@@ -66,20 +66,45 @@ def _refuse_if_open(tx: log.SessionTx) -> None:
 
 @dataclass(frozen=True)
 class Receipt:
-    disposition: Literal["started", "queued"]
+    disposition: Literal["started", "queued", "held"]
     seq: int
     turn_seq: int | None
     idempotency_key: str | None = None
     replayed: bool = False
+    held_reason: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "disposition": self.disposition,
             "seq": self.seq,
             "turn_seq": self.turn_seq,
             "idempotency_key": self.idempotency_key,
             "replayed": self.replayed,
         }
+        if self.held_reason is not None:
+            out["held_reason"] = self.held_reason
+        return out
+
+
+def budget_blocks(session_id: uuid.UUID | str) -> limits.Exceeded | None:
+    """The budget that would keep a new turn of this session from starting."""
+    row = Session.objects.select_related("profile").filter(id=session_id).first()
+    if row is None:
+        return None  # log.locked reports the missing session
+    budgeted = any(getattr(row, f"budget_{name}") is not None for name in limits.BUDGETS)
+    return limits.check(row.id, row.profile, opening=True, budgeted=budgeted)
+
+
+def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.Exceeded) -> Receipt:
+    data: dict[str, Any] = {"text": text, "wake": True}
+    if by:
+        data["by"] = by
+    if key:
+        data["idempotency_key"] = key
+    queued = tx.append("input/queued", data)
+    if tx.row["held_seq"] is None:
+        tx.append("input/held", {"source_seq": queued.seq, "reason": over.as_json(), "text": over.message})
+    return Receipt("held", queued.seq, None, key, held_reason=over.message)
 
 
 def _digest(text: str, wake: bool) -> str:
@@ -100,7 +125,10 @@ def inject(
     _check_text(text)
     if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 200):
         raise InvalidInput("idempotency key must be 1..200 characters")
-    if wake and idempotency_key is None:
+    # Input for a new turn while a budget is exhausted is kept, held: it runs
+    # once the budget allows (runtime/limits.py, the sweep's held input).
+    over = budget_blocks(session_id) if wake else None
+    if wake and idempotency_key is None and over is None:
         receipt = _start_if_idle(session_id, text, by)
         if receipt is not None:
             return receipt
@@ -112,9 +140,11 @@ def inject(
                 if prior.digest != digest:
                     raise IdempotencyConflict("this idempotency key was used with a different payload")
                 return Receipt(prior.disposition, prior.seq, prior.turn_seq, idempotency_key, True)  # type: ignore[arg-type]
-        if wake and tx.row["open_turn_seq"] is None:
+        if wake and tx.row["open_turn_seq"] is None and over is None:
             turn_seq = admission.open_turn(tx, text, by)
             receipt = Receipt("started", tx.appended[-1].seq, turn_seq, idempotency_key)
+        elif wake and tx.row["open_turn_seq"] is None and over is not None:
+            receipt = _hold(tx, text, by, idempotency_key, over)
         else:
             data: dict[str, Any] = {"text": text, "wake": wake}
             if by:
@@ -132,7 +162,7 @@ def inject(
                 seq=receipt.seq,
                 turn_seq=receipt.turn_seq,
             )
-        if wake or receipt.disposition == "started":
+        if (wake or receipt.disposition == "started") and receipt.disposition != "held":
             dispatch.wake(tx.session_id)
     return receipt
 

@@ -181,6 +181,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             # this line gets a hint, and everything before it is in the first read.
             await hub.process_hub().subscribe(self.sid, self)
             state = await _in_thread(ops.live_state, hub.READ_POOL)(self.sid)
+            state["budget"] = await _in_thread(ops.budget_state, hub.READ_POOL)(self.sid)
         except Exception:
             logger.exception("session socket for %s could not start", self.sid)
             await self.disconnect(1011)
@@ -202,6 +203,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             "blocked": state["blocked"],
             "waiting": state["waiting"],
             "unknown_effects": state["unknown_effects"],
+            "budget": state.get("budget"),
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,
@@ -380,6 +382,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 return ops.set_policy(user, sid, frame.patterns)
             case "set_model":
                 return ops.set_model(user, sid, frame.role, frame.spec)
+            case "budget":
+                return {"budget": ops.set_budget(user, sid, frame.limit.model_dump())}
             case "ping":
                 ops.session_for(user, sid, "view")
                 return {}

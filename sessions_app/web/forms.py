@@ -10,6 +10,7 @@ from django import forms
 from sessions_app.log.catalogue import RESOLUTIONS
 from sessions_app.models import AgentProfile
 from sessions_app.services import MAX_INPUT_CHARS
+from sessions_app.services.budgets import MAX_COST_USD, MAX_COUNT
 from sessions_app.services.effects import MAX_REASON_CHARS, MAX_RESULT_CHARS
 
 
@@ -62,3 +63,26 @@ class ResolveForm(forms.Form):
     )
     result = forms.CharField(max_length=MAX_RESULT_CHARS, required=False, strip=False)
     reason = forms.CharField(max_length=MAX_REASON_CHARS, required=False)
+
+
+class BudgetForm(forms.Form):
+    """The session's four limits (the chat page's budget panel); blank: no
+    limit. The service checks them again (services/budgets.py)."""
+
+    cost_usd = forms.DecimalField(
+        label="Cost (USD)", required=False, min_value=0, max_value=MAX_COST_USD, decimal_places=6, max_digits=13
+    )
+    tokens = forms.IntegerField(label="Tokens", required=False, min_value=0, max_value=MAX_COUNT)
+    steps = forms.IntegerField(label="Steps", required=False, min_value=0, max_value=MAX_COUNT)
+    turns = forms.IntegerField(label="Turns", required=False, min_value=0, max_value=MAX_COUNT)
+
+    def limits(self) -> dict[str, Any]:
+        """The cleaned limits as set_budget takes them (cost as a string: no float rounding)."""
+        data = self.cleaned_data
+        cost = data.get("cost_usd")
+        return {
+            "cost_usd": None if cost is None else str(cost),
+            "tokens": data.get("tokens"),
+            "steps": data.get("steps"),
+            "turns": data.get("turns"),
+        }

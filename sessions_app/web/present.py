@@ -27,8 +27,11 @@ from sessions_app import permissions
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_resolve
+from sessions_app.runtime.limits import Exceeded
+from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
 from sessions_app.services.usage import format_cost
+from sessions_app.web.forms import BudgetForm
 
 # Kinds that are bookkeeping rather than conversation: rendered (so every seq
 # has exactly one element) but hidden unless "show all events" is ticked.
@@ -60,6 +63,8 @@ STATUS_LABELS = {
 APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/start", "turn/end"})
 # ... and for its notice of effects of unknown outcome.
 EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/end"})
+# ... and for its budget figures (spend, limits, what is exhausted).
+BUDGET_MOVES = frozenset({"budget/updated", "usage/recorded", "step/end", "turn/start", "turn/end", "input/held"})
 # How much of a pending effect's arguments the notice shows.
 EFFECT_ARGS_CHARS = 200
 
@@ -113,8 +118,25 @@ class EventRow:
         return pretty(self.data.get("args", {}))
 
     @property
+    def reason_text(self) -> str:
+        """A budget's reason (turn/end, input/held) in words; empty when there is none."""
+        return budget_reason_text(self.data.get("reason"))
+
+    @property
     def data_json(self) -> str:
         return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+
+
+def budget_reason_text(reason: Any) -> str:
+    """A budget reason ({budget, scope, limit, spent, unpriced?}) as words."""
+    if not isinstance(reason, dict):
+        return ""
+    try:
+        return Exceeded(
+            reason["budget"], reason["scope"], reason["limit"], reason["spent"], int(reason.get("unpriced") or 0)
+        ).message
+    except (KeyError, TypeError, ValueError):
+        return ""
 
 
 def event_row(seq: int, kind: str, data: dict[str, Any], at: Any, inbox_seq: int) -> EventRow:
@@ -245,6 +267,8 @@ class ChatFollower:
             out.append(Fragment(approvals_fragment(session, self.user)))
         if kinds & EFFECT_MOVES:
             out.append(Fragment(effects_fragment(session, self.user)))
+        if kinds & BUDGET_MOVES:
+            out.append(Fragment(budget_figures_fragment(session)))
         return out
 
     def delta(self, step: int, text: str) -> str:
@@ -357,6 +381,51 @@ def effects_context(
 
 def effects_fragment(session: Session, user: Any) -> str:
     return render_to_string("sessions/chat.html#effects", effects_context(session, user, oob=True))
+
+
+# ---------------------------------------------------------------- the session's budget
+
+BUDGET_LABELS = {"cost_usd": "Cost", "tokens": "Tokens", "steps": "Steps", "turns": "Turns"}
+
+
+def budget_rows(budget: dict[str, Any]) -> list[dict[str, str]]:
+    """Spent against limit, one row per budget, as text ("unpriced" never shown as $0)."""
+    spent, limit = budget["spent"], budget["limit"]
+    rows = []
+    for name, label in BUDGET_LABELS.items():
+        if name == "cost_usd":
+            spent_text = format_cost(spent[name], spent["unpriced"])
+            limit_text = "no limit" if limit[name] is None else f"${limit[name]:g}"
+        else:
+            spent_text = str(spent[name])
+            limit_text = "no limit" if limit[name] is None else str(limit[name])
+        rows.append({"name": name, "label": label, "spent": spent_text, "limit": limit_text})
+    return rows
+
+
+def budget_context(
+    session: Session, user: Any, *, oob: bool = False, notice: str = "", error: str = "", form: Any = None
+) -> dict[str, Any]:
+    """The chat page's budget panel: the figures, and the form for those who may drive."""
+    budget = budget_services.budget_of(session.id)
+    if form is None:
+        form = BudgetForm(initial={k: v for k, v in budget["limit"].items() if v is not None})
+    return {
+        "session": session,
+        "budget": budget,
+        "budget_rows": budget_rows(budget),
+        "budget_form": form,
+        "budget_notice": notice,
+        "budget_error": error,
+        "can_drive": permissions.can_drive(user, session),
+        "oob": oob,
+    }
+
+
+def budget_figures_fragment(session: Session) -> str:
+    budget = budget_services.budget_of(session.id)
+    context = {"budget": budget, "budget_rows": budget_rows(budget), "oob": True}
+    return render_to_string("sessions/chat.html#budget_figures", context)
 
 
 # ---------------------------------------------------------------- the dashboard's and the queue's sockets

@@ -32,10 +32,18 @@ from sessions_app import permissions, services
 from sessions_app.errors import NotBlocked, TerretError
 from sessions_app.models import Agent, Event, Session
 from sessions_app.permissions import can_resolve
+from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
 from sessions_app.services.usage import format_cost
-from sessions_app.web.forms import MessageForm, NewSessionForm, ResolveForm
-from sessions_app.web.present import EventRow, effects_context, event_row, facts_context, status_label
+from sessions_app.web.forms import BudgetForm, MessageForm, NewSessionForm, ResolveForm
+from sessions_app.web.present import (
+    EventRow,
+    budget_context,
+    effects_context,
+    event_row,
+    facts_context,
+    status_label,
+)
 from sessions_app.web.socket_paths import socket_url
 
 # Events per page of the chat log; "load earlier" fetches the page before.
@@ -103,6 +111,7 @@ def _chat_context(
     return {
         **facts_context(session, request.user),
         **effects_context(session, request.user),
+        **budget_context(session, request.user),
         "agent_id": _agent_id(session),
         "events": events,
         "older_before": first if first is not None and first > 1 else None,
@@ -200,6 +209,8 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
         else:
             if receipt.disposition == "queued":
                 notice = "Queued: your message rides the agent's next step."
+            elif receipt.disposition == "held":
+                notice = f"Held: {receipt.held_reason}. It runs once the budget allows."
             if not htmx:
                 if notice:
                     messages.info(request, notice)
@@ -291,6 +302,39 @@ def session_resolve(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
         response = render(
             request, "sessions/chat.html#effects", effects_context(fresh, request.user, notice=notice, error=error)
         )
+        if code:
+            response["X-Terret-Error"] = code
+        return response
+    if error:
+        messages.error(request, error)
+    else:
+        messages.info(request, notice)
+    return redirect("sessions:chat", session_id=session.id)
+
+
+@login_required
+@require_POST
+def session_budget(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """Set the session's four limits (the budget panel's form; blank: no
+    limit). The owner or staff; 403 for anyone else who may read the
+    session. htmx gets the panel re-rendered with what happened (status
+    200, so it swaps; `X-Terret-Error` carries an error's code); a plain
+    POST redirects back with a message."""
+    session = _drivable(request, session_id)
+    form = BudgetForm(request.POST)
+    notice = error = code = ""
+    if not form.is_valid():
+        error, code = " ".join(str(e) for errors in form.errors.values() for e in errors), "invalid_input"
+    else:
+        try:
+            budget_services.set_budget(session.id, form.limits(), by=request.user.get_username())
+        except TerretError as exc:
+            error, code = str(exc), exc.code
+        else:
+            notice = "Budget saved."
+    if getattr(request, "htmx", False):
+        context = budget_context(session, request.user, notice=notice, error=error, form=form if error else None)
+        response = render(request, "sessions/chat.html#budget", context)
         if code:
             response["X-Terret-Error"] = code
         return response

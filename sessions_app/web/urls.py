@@ -16,4 +16,5 @@ urlpatterns: list[URLPattern] = [
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="cancel"),
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="retry"),
     path("sessions/<uuid:session_id>/effects/resolve/", views.session_resolve, name="resolve"),
+    path("sessions/<uuid:session_id>/budget/", views.session_budget, name="budget"),
 ]

@@ -48,6 +48,7 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/sessions/{session_id}/compact",
         "/api/sessions/{session_id}/effects",
         "/api/sessions/{session_id}/effects/{call_id}/resolve",
+        "/api/sessions/{session_id}/budget",
     }
     assert doc["components"]["securitySchemes"]["BearerAuth"] == {"type": "http", "scheme": "bearer"}
 

@@ -31,6 +31,18 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
         {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
+    "budget/updated": [
+        {"cost_usd": None, "tokens": None, "steps": None, "turns": None},
+        {"cost_usd": 1.5, "tokens": 100000, "steps": 50, "turns": 0, "by": "owner"},
+    ],
+    "input/held": [
+        {"source_seq": 4, "reason": {"budget": "turns", "scope": "session", "limit": 1, "spent": 1}},
+        {
+            "source_seq": 9,
+            "reason": {"budget": "cost_usd", "scope": "global", "limit": 10.0, "spent": 0.5, "unpriced": 2},
+            "text": "the daily global cost budget cannot be enforced",
+        },
+    ],
     "tool/attempt": [
         {"call_id": "c", "name": "debug.charge", "attempt": 1, "idempotency_key": "k", "replay": "never", "fence": 0},
         {
@@ -62,7 +74,10 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ],
     "turn/start": [{}, {"by": "alice"}],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
-    + [{"status": "failed", "error": "boom"}],
+    + [
+        {"status": "failed", "error": "boom"},
+        {"status": "rejected", "reason": {"budget": "steps", "scope": "profile", "limit": 10, "spent": 10}},
+    ],
     "turn/cancel_requested": [{}, {"by": "alice", "reason": "enough"}],
     "step/start": [{"step": 1, "model": "demo/offline"}],
     "step/end": [
@@ -156,6 +171,15 @@ INVALID: dict[str, list[Any]] = {
     "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
     "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
     "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],
+    "budget/updated": [
+        {"cost_usd": None, "tokens": None, "steps": None},
+        {"cost_usd": -1, "tokens": None, "steps": None, "turns": None},
+        {"cost_usd": None, "tokens": 1.5, "steps": None, "turns": None},
+    ],
+    "input/held": [
+        {"source_seq": 4},
+        {"source_seq": 4, "reason": {"budget": "money", "scope": "session", "limit": 1, "spent": 1}},
+    ],
     "tool/attempt": [
         {"call_id": "c", "name": "t", "attempt": 0, "idempotency_key": "k", "replay": "never", "fence": 0},
         {"call_id": "c", "name": "t", "attempt": 1, "idempotency_key": "k", "replay": "maybe", "fence": 0},

@@ -1,0 +1,228 @@
+"""Budgets: hard ceilings on what a session, a profile per UTC day, and the
+whole installation per UTC day may spend.
+
+Four budgets at each level: cost (USD), tokens (prompt plus completion),
+model steps and turns. Spent is the log's running totals: the Session row
+(kept by every append) for a session, UsageDay for a profile's day and the
+sum of today's UsageDay rows for the installation. Utility requests (the
+titler, the summarizer) and the spend of requests whose reply never
+committed count like any step (usage/recorded).
+
+When a budget is checked, and what the next action would add:
+- before a turn opens (admission: `opening=True`): the turn itself, one step;
+- before every model call inside a turn (`opening=False`): one step.
+A budget is exhausted when the spend has reached its limit, or the next
+action would pass it: tokens and cost at spent >= limit, steps at
+steps + 1 > limit, turns at turns (+1 when opening) > limit.
+
+Unpriced spend under a cost budget: a cost budget cannot be enforced on a
+request whose price is unknown, and unpriced is never $0, so a cost budget
+counts as exhausted as soon as its scope has an unpriced entry (`unpriced`
+in the reason): remove or raise nothing will help but a priced model, a
+budget without a cost limit, or an operator's decision.
+
+The checks read nothing when no budget applies: session limits are known
+from the lease claim's row (Driving.budgeted) and from the turn's view
+(budget/updated), profile limits from the profile, global ones from
+settings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Sum
+from django.utils import timezone
+
+from sessions_app.log.catalogue import BUDGETS
+from sessions_app.models import AgentProfile, Session, UsageDay
+
+_NAMES = {"cost_usd": "cost", "tokens": "token", "steps": "step", "turns": "turn"}
+_SCOPES = {"session": "the session's", "profile": "the profile's daily", "global": "the daily global"}
+
+
+@dataclass(frozen=True)
+class Spent:
+    cost_usd: Decimal
+    tokens: int
+    steps: int
+    turns: int
+    unpriced: int
+
+    def of(self, budget: str) -> Decimal | int:
+        value: Decimal | int = getattr(self, budget)
+        return value
+
+    def __add__(self, other: Spent) -> Spent:
+        return Spent(
+            self.cost_usd + other.cost_usd,
+            self.tokens + other.tokens,
+            self.steps + other.steps,
+            self.turns + other.turns,
+            self.unpriced + other.unpriced,
+        )
+
+
+NOTHING = Spent(Decimal(0), 0, 0, 0, 0)
+
+
+def buffered(entries: list[tuple[str, dict[str, Any]]]) -> Spent:
+    """What appends not yet committed will add (a turn's outbox between two
+    steps holds the last step's step/end): the projection's own rules."""
+    total = NOTHING
+    for kind, data in entries:
+        if kind not in ("step/end", "usage/recorded"):
+            continue
+        usage = data.get("usage")
+        steps = 1 if kind == "step/end" else 0
+        if usage is None:
+            unpriced = 0 if kind == "step/end" and data.get("usage_recorded") else 1
+            total = total + Spent(Decimal(0), 0, steps, 0, unpriced)
+            continue
+        cost = usage.get("cost")
+        tokens = int(usage["prompt_tokens"]) + int(usage["completion_tokens"])
+        priced = Decimal(str(cost)) if cost is not None else Decimal(0)
+        total = total + Spent(priced, tokens, steps, 0, 1 if cost is None else 0)
+    return total
+
+
+@dataclass(frozen=True)
+class Exceeded:
+    """Which budget stops the spend, at which scope, its limit and the spend."""
+
+    budget: str
+    scope: str
+    limit: Decimal | int
+    spent: Decimal | int
+    unpriced: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "budget": self.budget,
+            "scope": self.scope,
+            "limit": float(self.limit) if self.budget == "cost_usd" else int(self.limit),
+            "spent": float(self.spent) if self.budget == "cost_usd" else int(self.spent),
+        }
+        if self.unpriced:
+            out["unpriced"] = self.unpriced
+        return out
+
+    @property
+    def message(self) -> str:
+        what = f"{_SCOPES[self.scope]} {_NAMES[self.budget]} budget"
+        if self.unpriced:
+            return (
+                f"{what} (${self.limit}) cannot be enforced: {self.unpriced} unpriced "
+                f"{'entry' if self.unpriced == 1 else 'entries'} (unpriced is never counted as $0)"
+            )
+        if self.budget == "cost_usd":
+            return f"{what} is exhausted: ${self.spent:.4f} of ${self.limit}"
+        return f"{what} is exhausted: {self.spent} of {self.limit}"
+
+
+def limits_of_session(row: dict[str, Any]) -> dict[str, Decimal | int | None]:
+    return {name: row.get(f"budget_{name}") for name in BUDGETS}
+
+
+def limits_of_profile(profile: AgentProfile | None) -> dict[str, Decimal | int | None]:
+    if profile is None:
+        return dict.fromkeys(BUDGETS)
+    return {name: getattr(profile, f"daily_{name}") for name in BUDGETS}
+
+
+def global_limits() -> dict[str, Decimal | int | None]:
+    return {name: getattr(settings, f"TERRET_DAILY_{name.upper()}", None) for name in BUDGETS}
+
+
+def _any(limits: dict[str, Any]) -> bool:
+    return any(v is not None for v in limits.values())
+
+
+_SESSION_FIELDS = ("cost", "prompt_tokens", "completion_tokens", "steps", "turns", "unpriced_entries")
+
+
+def _spent(values: dict[str, Any]) -> Spent:
+    return Spent(
+        Decimal(values.get("cost") or 0),
+        int(values.get("prompt_tokens") or 0) + int(values.get("completion_tokens") or 0),
+        int(values.get("steps") or 0),
+        int(values.get("turns") or 0),
+        int(values.get("unpriced_entries") or 0),
+    )
+
+
+def session_spent(session_id: uuid.UUID | str) -> tuple[Spent, dict[str, Decimal | int | None]]:
+    fields = (*_SESSION_FIELDS, *(f"budget_{n}" for n in BUDGETS))
+    row = Session.objects.filter(id=session_id).values(*fields).first() or {}
+    return _spent(row), limits_of_session(row)
+
+
+def day_spent(profile_id: int | None = None) -> Spent:
+    """Today's (UTC) spend of one profile, or of everything (None)."""
+    rows = UsageDay.objects.filter(day=timezone.now().date())
+    if profile_id is not None:
+        rows = rows.filter(profile_id=profile_id)
+    sums = rows.aggregate(
+        cost=Sum("cost"),
+        prompt_tokens=Sum("prompt_tokens"),
+        completion_tokens=Sum("completion_tokens"),
+        steps=Sum("steps"),
+        turns=Sum("turns"),
+        unpriced_entries=Sum("unpriced_entries"),
+    )
+    return _spent(sums)
+
+
+def first_exceeded(
+    scope: str, limits: dict[str, Decimal | int | None], spent: Spent, *, opening: bool
+) -> Exceeded | None:
+    for name in BUDGETS:
+        limit = limits.get(name)
+        if limit is None:
+            continue
+        if name == "cost_usd" and spent.unpriced:
+            return Exceeded(name, scope, limit, spent.cost_usd, spent.unpriced)
+        used = spent.of(name)
+        if name in ("cost_usd", "tokens"):
+            over = used >= limit
+        elif name == "steps":
+            over = used + 1 > limit
+        else:
+            over = used + (1 if opening else 0) > limit
+        if over:
+            return Exceeded(name, scope, limit, used)
+    return None
+
+
+def check(
+    session_id: uuid.UUID | str,
+    profile: AgentProfile | None,
+    *,
+    opening: bool,
+    budgeted: bool = True,
+    pending: Spent = NOTHING,
+) -> Exceeded | None:
+    """The first exhausted budget for the next action, session first, then
+    the profile's day, then the installation's day; None when all allow it.
+    `budgeted=False` (the session has no budget of its own, as the caller
+    knows) skips the session row's read; `pending` is spend committed by
+    none of them yet (buffered)."""
+    if budgeted:
+        spent, limits = session_spent(session_id)
+        if _any(limits):
+            found = first_exceeded("session", limits, spent + pending, opening=opening)
+            if found:
+                return found
+    profile_limits = limits_of_profile(profile)
+    if profile is not None and _any(profile_limits):
+        found = first_exceeded("profile", profile_limits, day_spent(profile.pk) + pending, opening=opening)
+        if found:
+            return found
+    limits = global_limits()
+    if _any(limits):
+        return first_exceeded("global", limits, day_spent(None) + pending, opening=opening)
+    return None
