@@ -1,5 +1,7 @@
 """The admin: agent profiles (validated on save), live agents (read-only,
-disposed by an action), sessions and their log (read-only), API tokens."""
+disposed by an action), sessions and their log (read-only), API tokens.
+Operators' actions (suspend, resume, revoke, restore) are admin actions on
+sessions and profiles, through services/operators.py (reason "via admin")."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from django.http import HttpRequest
 
 from sessions_app import services
 from sessions_app.api.auth import revoke
-from sessions_app.errors import AgentBusy, InvalidInput
+from sessions_app.errors import AgentBusy, InvalidInput, TerretError
 from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Session
-from sessions_app.permissions import can_drive
+from sessions_app.permissions import can_drive, is_operator
 from sessions_app.runtime.profiles import check_profile
+from sessions_app.services import operators
 from sessions_app.services.usage import check_session
 from sessions_app.web.dashboard import compact_outcome
 from sessions_app.web.present import status_label
@@ -29,6 +32,28 @@ CHECKED_FIELDS: dict[str, Any] = {
     "approvals": dict,
     "context_windows": dict,
 }
+
+
+VIA_ADMIN = "via admin"
+ACTION_LIMIT = 100
+
+
+def operate(model_admin: admin.ModelAdmin[Any], request: HttpRequest, targets: list[str], label: str, act: Any) -> None:
+    """Run `act(target, by)` for each target (an operators' service call), and say what happened."""
+    if not is_operator(request.user):
+        model_admin.message_user(request, "Operators' actions need active staff.", messages.ERROR)
+        return
+    by = request.user.get_username()
+    done = []
+    for target in targets[:ACTION_LIMIT]:
+        try:
+            act(target, by)
+        except TerretError as exc:
+            model_admin.message_user(request, f"{target}: not done: {exc}", messages.WARNING)
+        else:
+            done.append(target)
+    if done:
+        model_admin.message_user(request, f"{label}: {', '.join(done)}.", messages.SUCCESS)
 
 
 class ProfileChecks(forms.ModelForm[AgentProfile]):
@@ -90,6 +115,29 @@ class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     form = AgentProfileForm
     list_display = ["name", "summarizer", "compaction_budget", "created_at"]
     search_fields = ["name", "description"]
+    actions = ["suspend_profiles", "resume_profiles"]
+
+    @admin.action(description="Suspend admission for these profiles")
+    def suspend_profiles(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:
+        names = list(queryset.values_list("name", flat=True)[:ACTION_LIMIT])
+        operate(
+            self,
+            request,
+            names,
+            "Suspended admission for",
+            lambda name, by: operators.suspend("profile", name, by=by, reason=VIA_ADMIN),
+        )
+
+    @admin.action(description="Resume admission for these profiles")
+    def resume_profiles(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:
+        names = list(queryset.values_list("name", flat=True)[:ACTION_LIMIT])
+        operate(
+            self,
+            request,
+            names,
+            "Resumed admission for",
+            lambda name, by: operators.resume("profile", name, by=by, reason=VIA_ADMIN),
+        )
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
@@ -181,7 +229,14 @@ class SessionAdmin(admin.ModelAdmin[Session]):
     readonly_fields = [f.name for f in Session._meta.get_fields() if getattr(f, "concrete", False)]
     list_select_related = ["owner", "profile"]
     show_full_result_count = False
-    actions = ["compact_selected", "check_usage"]
+    actions = [
+        "compact_selected",
+        "check_usage",
+        "suspend_sessions",
+        "resume_sessions",
+        "revoke_sessions",
+        "restore_sessions",
+    ]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the log below it is append-only
@@ -201,6 +256,49 @@ class SessionAdmin(admin.ModelAdmin[Session]):
                 continue
             ok, text = compact_outcome(session.id)
             self.message_user(request, f"{session}: {text}", messages.SUCCESS if ok else messages.WARNING)
+
+    def _ids(self, queryset: QuerySet[Session]) -> list[str]:
+        return [str(sid) for sid in queryset.values_list("id", flat=True)[:ACTION_LIMIT]]
+
+    @admin.action(description="Suspend admission")
+    def suspend_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(
+            self,
+            request,
+            self._ids(queryset),
+            "Suspended admission for",
+            lambda sid, by: operators.suspend("session", sid, by=by, reason=VIA_ADMIN),
+        )
+
+    @admin.action(description="Resume admission")
+    def resume_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(
+            self,
+            request,
+            self._ids(queryset),
+            "Resumed admission for",
+            lambda sid, by: operators.resume("session", sid, by=by, reason=VIA_ADMIN),
+        )
+
+    @admin.action(description="Revoke")
+    def revoke_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(
+            self,
+            request,
+            self._ids(queryset),
+            "Revoked",
+            lambda sid, by: operators.revoke(sid, by=by, reason=VIA_ADMIN),
+        )
+
+    @admin.action(description="Restore")
+    def restore_sessions(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(
+            self,
+            request,
+            self._ids(queryset),
+            "Restored",
+            lambda sid, by: operators.restore(sid, by=by, reason=VIA_ADMIN),
+        )
 
     @admin.action(description="Check usage totals against the log")
     def check_usage(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:

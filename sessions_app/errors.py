@@ -137,6 +137,23 @@ class AlreadyDecided(TerretError):
     status = 409
 
 
+# -- operators
+
+
+class SessionRevoked(TerretError):
+    """An operator revoked the session: it takes no input until a staff member restores it."""
+
+    code = "session_revoked"
+    status = 409
+
+
+class NotAbandonable(TerretError):
+    """Abandon closes a blocked turn; this session has none, or a worker holds it."""
+
+    code = "not_abandonable"
+    status = 409
+
+
 # -- the effect ledger
 
 

@@ -124,6 +124,11 @@ class Session(models.Model):
     # The oldest input held because a budget was exhausted (input/held), until
     # a turn takes it in; the sweep offers it again (a new day, a raised budget).
     held_seq = models.BigIntegerField(null=True, blank=True)
+    # An operator's hold on the session (session/suspended: admission stops,
+    # the running turn parks at its next step boundary; session/revoked: the
+    # turn is cancelled, tools are denied and input is refused until restored).
+    suspended_seq = models.BigIntegerField(null=True, blank=True)
+    revoked_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -144,9 +149,14 @@ class Session(models.Model):
 
     @property
     def status(self) -> str:
-        """idle, running, waiting_approval, waiting_reconcile or blocked, derived from the log's projections."""
+        """idle, running, waiting_approval, waiting_reconcile, blocked, suspended or revoked (an open
+        turn held by an operator), derived from the log's projections."""
         if self.open_turn_seq is None:
             return "idle"
+        if self.revoked_seq is not None:
+            return "revoked"
+        if self.suspended_seq is not None:
+            return "suspended"
         if self.blocked_seq is not None:
             return "blocked"
         if self.unknown_effects > 0:
@@ -246,6 +256,44 @@ class InputReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} {self.key} → {self.disposition}"
+
+
+class Suspension(models.Model):
+    """Admission suspended by an operator for a profile or for everything
+    (a session's own is its session/suspended event). The row exists while
+    the suspension holds; resuming deletes it. Every worker reads these
+    (runtime/limits.py, at most a second old)."""
+
+    SCOPES = [("global", "Everything"), ("profile", "One agent profile")]
+    scope = models.CharField(max_length=16, choices=SCOPES)
+    target = models.CharField(max_length=64, blank=True)  # the profile's name; "" for global
+    by = models.CharField(max_length=150)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "target"], name="suspension_scope_target_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.target}".strip()
+
+
+class OperatorAction(models.Model):
+    """The operators' own log, append-only: every console action with its
+    actor and reason (session actions are also events in the session's log)."""
+
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32)
+    scope = models.CharField(max_length=16)
+    target = models.CharField(max_length=64, blank=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.scope} {self.target}"
 
 
 class ModelWindow(models.Model):

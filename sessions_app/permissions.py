@@ -3,6 +3,8 @@
 - view: the owner, staff, and reviewers (users with approvals_app.decide_approval)
 - drive (chat, inject, cancel, set the policy or a model, compact): the owner and staff
 - approve/deny: reviewers (the permission) who may view the session
+- operators' actions (services/operators.py: suspend, resume, retry,
+  abandon, revoke, restore): active staff
 - resolve an effect of unknown outcome (re-run it, mark it done or failed):
   staff; the owner too when the setting TERRET_OWNER_MAY_RESOLVE is on
 """
@@ -34,6 +36,11 @@ def can_drive(user: Any, session: Any) -> bool:
 
 def can_approve(user: Any, session: Any) -> bool:
     return is_reviewer(user) and can_view(user, session)
+
+
+def is_operator(user: Any) -> bool:
+    """Operators' actions (suspend, resume, abandon, revoke): active staff."""
+    return bool(user and user.is_authenticated and user.is_active and user.is_staff)
 
 
 def owner_may_resolve() -> bool:

@@ -8,6 +8,10 @@ returns a JSON-ready dict. Failures are TerretErrors (see api/errors.py).
 A session the user may not view is reported exactly like a missing one, so
 ids cannot be probed; one the user may view but not act on is `not_allowed`.
 
+Operators' actions (the console: attention, suspend, resume, abandon,
+revoke, restore) are for active staff only (`permissions.is_operator`);
+anyone else gets `not_allowed` before any lookup, so ids cannot be probed.
+
 Resolving an effect of unknown outcome (`resolve`) is an operator's call:
 staff, and the session's owner only where TERRET_OWNER_MAY_RESOLVE is on
 (`permissions.can_resolve`, which the session page asks too).
@@ -28,9 +32,9 @@ from sessions_app.api.errors import NotAllowed, UnknownSession
 from sessions_app.errors import InvalidInput
 from sessions_app.log.reads import blocked_info, events_page, usage, waiting_info
 from sessions_app.models import AgentProfile, Session
-from sessions_app.permissions import can_approve, can_drive, can_resolve, can_view, owner_may_resolve
+from sessions_app.permissions import can_approve, can_drive, can_resolve, can_view, is_operator, owner_may_resolve
 from sessions_app.services import budgets as budget_services
-from sessions_app.services import compaction
+from sessions_app.services import compaction, operators
 from sessions_app.services import effects as effect_services
 
 Need = Literal["view", "drive", "approve", "resolve"]
@@ -261,3 +265,51 @@ def set_model(user: Any, session_id: Any, role: str, spec: str) -> dict[str, Any
     session = session_for(user, session_id, "drive")
     event = services.set_model(session.id, role, spec, by=_by(user))
     return {"role": event.data["role"], "spec": event.data["spec"], "seq": event.seq}
+
+
+# ---------------------------------------------------------------- operators (staff)
+
+
+def _operator(user: Any) -> None:
+    if not is_operator(user):
+        raise NotAllowed("operators' actions need staff")
+
+
+def attention(user: Any) -> dict[str, Any]:
+    """What needs a human, by kind (operators.attention), and how many of each."""
+    _operator(user)
+    found = operators.attention()
+    return {
+        "attention": {kind: [item.as_json() for item in items] for kind, items in found.items()},
+        "counts": {kind: len(items) for kind, items in found.items()},
+    }
+
+
+def suspend(user: Any, scope: str, target: str, reason: str) -> dict[str, Any]:
+    _operator(user)
+    operators.suspend(scope, target, by=_by(user), reason=reason)
+    return {"ok": True, "woken": None}
+
+
+def resume(user: Any, scope: str, target: str, reason: str) -> dict[str, Any]:
+    _operator(user)
+    woken = operators.resume(scope, target, by=_by(user), reason=reason)
+    return {"ok": True, "woken": woken}
+
+
+SESSION_ACTIONS = {
+    "abandon": operators.abandon,
+    "revoke": operators.revoke,
+    "restore": operators.restore,
+}
+
+
+def session_action(user: Any, session_id: Any, action: str, reason: str) -> dict[str, Any]:
+    """abandon (a blocked turn, NotAbandonable 409 otherwise), revoke or restore."""
+    _operator(user)
+    sid = parse_session_id(session_id)
+    SESSION_ACTIONS[action](sid, by=_by(user), reason=reason)
+    fresh = Session.objects.filter(id=sid).first()
+    if fresh is None:
+        raise UnknownSession(f"no session {sid}")
+    return {"ok": True, "status": fresh.status}

@@ -17,6 +17,7 @@ from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.services.budgets import MAX_COST_USD, MAX_COUNT
 from sessions_app.services.effects import MAX_REASON_CHARS as MAX_RESOLVE_REASON_CHARS
 from sessions_app.services.effects import MAX_RESULT_CHARS
+from sessions_app.services.operators import MAX_REASON_CHARS as MAX_OPS_REASON_CHARS
 
 MAX_KEY_CHARS = 200
 MAX_REASON_CHARS = 2000
@@ -31,9 +32,10 @@ assert set(RESOLUTIONS) == {"rerun", "done", "failed"}  # keep the Literal in st
 # Session.status: idle (no open turn), running, waiting_approval (a call is
 # parked), waiting_reconcile (an attempt of the open turn has an unknown
 # outcome and waits for an operator; see /effects), blocked (the open turn
-# stopped retrying by itself; see /retry).
-Status = Literal["idle", "running", "waiting_approval", "waiting_reconcile", "blocked"]
-EffectState = Literal["in_flight", "done", "failed", "unknown", "resolved"]
+# stopped retrying by itself; see /retry), suspended or revoked (an operator
+# holds the open turn's session: services/operators.py).
+Status = Literal["idle", "running", "waiting_approval", "waiting_reconcile", "blocked", "suspended", "revoked"]
+EffectState = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
 BudgetName = Literal["cost_usd", "tokens", "steps", "turns"]
 BudgetScope = Literal["session", "profile", "global"]
 
@@ -105,6 +107,25 @@ class BudgetIn(In):
     tokens: CountLimit | None = Field(description="prompt plus completion tokens, or null")
     steps: CountLimit | None = Field(description="model steps, or null")
     turns: CountLimit | None = Field(description="turns, or null")
+
+
+OpsReason = Annotated[str, Field(max_length=MAX_OPS_REASON_CHARS)]
+
+
+class ScopeIn(In):
+    """What an operator suspends or resumes: everything, one profile, or one session."""
+
+    scope: Literal["global", "profile", "session"]
+    target: Annotated[str, Field(max_length=64)] = Field(
+        "", description="the profile's name, or the session's id; empty for global"
+    )
+    reason: OpsReason = ""
+
+
+class ReasonIn(In):
+    """An operator's action on one session, with why (the operators' log keeps it)."""
+
+    reason: OpsReason = ""
 
 
 # ---------------------------------------------------------------- socket frames
@@ -359,3 +380,30 @@ class EffectsOut(Schema):
 class ResolveOut(Schema):
     resolved: EffectOut = Field(description="the attempt that was resolved, as it was before the resolution")
     status: Status = Field(description="the session's status once the resolution was recorded")
+
+
+class AttentionItemOut(Schema):
+    kind: str = Field(description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects")
+    session_id: str | None = Field(description="null for a profile's or the global suspension")
+    title: str
+    since: str | None = Field(description="ISO 8601")
+    age_seconds: float | None
+    detail: dict[str, Any]
+
+
+class AttentionOut(Schema):
+    attention: dict[str, list[AttentionItemOut]] = Field(
+        description="by kind (blocked, suspended, revoked, held_input, approvals oldest first, expired_leases, "
+        "unknown_effects), each at most 200"
+    )
+    counts: dict[str, int]
+
+
+class OpsOut(Schema):
+    ok: bool
+    woken: int | None = Field(None, description="resume only: how many held sessions were woken")
+
+
+class SessionActionOut(Schema):
+    ok: bool
+    status: Status = Field(description="the session's status once the action was recorded")

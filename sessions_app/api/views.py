@@ -27,6 +27,7 @@ from sessions_app.api.errors import (
     error_body,
 )
 from sessions_app.api.schemas import (
+    AttentionOut,
     BudgetIn,
     BudgetOut,
     CancelOut,
@@ -39,13 +40,17 @@ from sessions_app.api.schemas import (
     ErrorOut,
     EventsOut,
     InputIn,
+    OpsOut,
     PolicyIn,
     PolicyOut,
     ProfilesOut,
+    ReasonIn,
     ReceiptOut,
     ResolveIn,
     ResolveOut,
     RetryOut,
+    ScopeIn,
+    SessionActionOut,
     SessionOut,
 )
 from sessions_app.errors import InvalidInput, TerretError
@@ -258,3 +263,44 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
 def compact(request: HttpRequest, session_id: str) -> Any:
     """Summarise the history now (between turns)."""
     return ops.compact(_user(request), session_id)
+
+
+# ---------------------------------------------------------------- operators (staff only)
+
+
+@api.get("/ops/attention", response={200: AttentionOut, **_READ_ERRORS}, tags=["operators"])
+def ops_attention(request: HttpRequest) -> Any:
+    """What needs a human, by kind, each bounded, with counts (staff only)."""
+    return ops.attention(_user(request))
+
+
+@api.post("/ops/suspend", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
+def ops_suspend(request: HttpRequest, payload: ScopeIn) -> Any:
+    """Suspend admission for everything, one profile or one session: new input
+    is held, and a running turn parks at its next step boundary (staff only)."""
+    return ops.suspend(_user(request), payload.scope, payload.target, payload.reason)
+
+
+@api.post("/ops/resume", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
+def ops_resume(request: HttpRequest, payload: ScopeIn) -> Any:
+    """Lift a suspension; the sessions it held are woken (staff only)."""
+    return ops.resume(_user(request), payload.scope, payload.target, payload.reason)
+
+
+@api.post("/sessions/{session_id}/abandon", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
+def abandon(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
+    """Close the blocked turn failed (409 not_abandonable when none is blocked,
+    or a worker holds it) (staff only)."""
+    return ops.session_action(_user(request), session_id, "abandon", payload.reason)
+
+
+@api.post("/sessions/{session_id}/revoke", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
+def revoke(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
+    """Cancel the open turn, deny every tool call and refuse input until restored (staff only)."""
+    return ops.session_action(_user(request), session_id, "revoke", payload.reason)
+
+
+@api.post("/sessions/{session_id}/restore", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
+def restore(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
+    """Lift a revocation: the session takes input again (staff only)."""
+    return ops.session_action(_user(request), session_id, "restore", payload.reason)

@@ -68,6 +68,17 @@ _BUDGET_REASON = _obj(
     },
     ["budget", "scope", "limit", "spent"],
 )
+# Why input is held: a budget, or an operator's suspension.
+_HOLD_REASON = {
+    "anyOf": [
+        _BUDGET_REASON,
+        _obj(
+            {"hold": {"enum": ["suspended"]}, "scope": {"enum": ["session", "profile", "global"]}, "by": _STR},
+            ["hold", "scope"],
+        ),
+    ]
+}
+_OPERATOR = _obj({"by": _NONEMPTY, "reason": _STR}, ["by"])
 
 
 @dataclass(frozen=True)
@@ -318,6 +329,36 @@ CATALOGUE: dict[str, Kind] = {
             lambda d: [("last_input_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
         ),
         Kind(
+            "session/suspended",
+            _OPERATOR,
+            False,
+            "An operator suspended the session's admission: input is held, nothing starts, and a running turn "
+            "parks at its next step boundary (status suspended) until session/resumed.",
+            lambda d: [("suspended_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "session/resumed",
+            _OPERATOR,
+            False,
+            "The session's suspension ends: held input and a parked turn run again.",
+            lambda d: [("suspended_seq = NULL", [])],
+        ),
+        Kind(
+            "session/revoked",
+            _OPERATOR,
+            False,
+            "An operator revoked the session: its turn is cancelled, every tool call is denied and new input is "
+            "refused, until session/restored.",
+            lambda d: [("revoked_seq = NEW_SEQ", [])],
+        ),
+        Kind(
+            "session/restored",
+            _OPERATOR,
+            False,
+            "A staff member restored a revoked session.",
+            lambda d: [("revoked_seq = NULL", [])],
+        ),
+        Kind(
             "tool/attempt",
             _obj(
                 {
@@ -394,10 +435,11 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "input/held",
-            _obj({"source_seq": _SEQ, "reason": _BUDGET_REASON, "text": _STR}, ["source_seq", "reason"]),
+            _obj({"source_seq": _SEQ, "reason": _HOLD_REASON, "text": _STR}, ["source_seq", "reason"]),
             False,
-            "Queued input (source_seq) is held: a budget is exhausted, so no turn starts for it. It runs once "
-            "the budget allows (raised, or a new UTC day for a daily one): the sweep offers it again.",
+            "Queued input (source_seq) is held: a budget is exhausted, or an operator suspended admission, so no "
+            "turn starts for it. It runs once that allows (a raised budget, a new UTC day for a daily one, a "
+            "resume): the sweep offers it again.",
             lambda d: [("held_seq = CASE WHEN held_seq IS NULL THEN %s ELSE held_seq END", [d["source_seq"]])],
         ),
         Kind(

@@ -42,6 +42,8 @@ DRIVING_COLUMNS = (
     "policy_seq",
     *(f"model_{role}" for role in MODEL_ROLES),
     *(f"budget_{name}" for name in BUDGETS),
+    "suspended_seq",
+    "revoked_seq",
 )
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table

@@ -175,6 +175,8 @@ LOCK_COLUMNS = (
     "budget_steps",
     "budget_turns",
     "held_seq",
+    "suspended_seq",
+    "revoked_seq",
     "lease_owner",
     "lease_gen",
     "lease_expires_at",

@@ -116,7 +116,14 @@ def _drive(sid: uuid.UUID, held: _Held | None = None) -> tuple[Outcome, hooks.Tu
     return outcome, ended
 
 
-_FINAL = (Outcome.LOST, Outcome.RESUME_FAILED, Outcome.BLOCKED, Outcome.HANDED_OFF, Outcome.WAITING)
+_FINAL = (
+    Outcome.LOST,
+    Outcome.RESUME_FAILED,
+    Outcome.BLOCKED,
+    Outcome.HANDED_OFF,
+    Outcome.WAITING,
+    Outcome.SUSPENDED,
+)
 
 
 def has_work(session_id: uuid.UUID, workload: Workload) -> bool:
@@ -141,7 +148,11 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
     assert profile is not None
     turn_seq = workload.open_turn_seq
     if turn_seq is None:
-        over = limits.check(sid, profile, opening=True, budgeted=lease.driving.budgeted)
+        over: limits.Stop | None = limits.hold_of(profile, suspended=lease.driving.suspended)
+        if lease.driving.revoked:
+            return Outcome.IDLE, None  # its input was refused; nothing queued before it starts
+        if over is None:
+            over = limits.check(sid, profile, opening=True, budgeted=lease.driving.budgeted)
         if over is not None:
             hold_input(sid, lease, over)
             return Outcome.IDLE, None
@@ -156,7 +167,7 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
     return runner.run(turn_seq), runner
 
 
-def hold_input(sid: uuid.UUID, lease: leases.Lease, over: limits.Exceeded) -> None:
+def hold_input(sid: uuid.UUID, lease: leases.Lease, over: limits.Stop) -> None:
     """Woken input that a budget keeps from starting a turn stays queued,
     visibly held (input/held, once until a turn takes it in); the sweep
     offers it again, and a raised budget wakes it."""

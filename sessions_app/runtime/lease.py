@@ -76,13 +76,25 @@ class Driving:
     # Whether the session has a budget of its own (budget/updated), so the
     # runner knows whether checking it costs a read (runtime/limits.py).
     budgeted: bool = False
+    # An operator's hold on the session itself (session/suspended, session/revoked).
+    suspended: bool = False
+    revoked: bool = False
 
 
 def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
     """Driving from a row read under the session lock (log.locked's tx.row)."""
     overrides = {role: row[f"model_{role}"] for role in MODEL_ROLES if row[f"model_{role}"]}
     budgeted = any(row[f"budget_{name}"] is not None for name in BUDGETS)
-    return Driving(profile, row["compacted_seq"], bool(row["title"]), overrides, row["policy_seq"], budgeted)
+    return Driving(
+        profile,
+        row["compacted_seq"],
+        bool(row["title"]),
+        overrides,
+        row["policy_seq"],
+        budgeted,
+        suspended=row["suspended_seq"] is not None,
+        revoked=row["revoked_seq"] is not None,
+    )
 
 
 @dataclass

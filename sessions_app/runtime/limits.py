@@ -1,4 +1,11 @@
-"""Budgets: hard ceilings on what a session, a profile per UTC day, and the
+"""Budgets, and operators' holds: what keeps a session from spending.
+
+Holds come first: an operator's suspension of admission (the session's own
+session/suspended, or a Suspension row for its profile or for everything)
+keeps new turns from starting and parks a running turn at its next step
+boundary. Every worker reads the Suspension rows at most a second old.
+
+Budgets are hard ceilings on what a session, a profile per UTC day, and the
 whole installation per UTC day may spend.
 
 Four budgets at each level: cost (USD), tokens (prompt plus completion),
@@ -29,6 +36,8 @@ settings.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -39,7 +48,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from sessions_app.log.catalogue import BUDGETS
-from sessions_app.models import AgentProfile, Session, UsageDay
+from sessions_app.models import AgentProfile, Session, Suspension, UsageDay
 
 _NAMES = {"cost_usd": "cost", "tokens": "token", "steps": "step", "turns": "turn"}
 _SCOPES = {"session": "the session's", "profile": "the profile's daily", "global": "the daily global"}
@@ -122,6 +131,73 @@ class Exceeded:
         if self.budget == "cost_usd":
             return f"{what} is exhausted: ${self.spent:.4f} of ${self.limit}"
         return f"{what} is exhausted: {self.spent} of {self.limit}"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An operator's suspension of admission, at its scope."""
+
+    scope: str
+    by: str = ""
+    why: str = ""
+    target: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hold": "suspended", "scope": self.scope}
+        if self.by:
+            out["by"] = self.by
+        return out
+
+    @property
+    def message(self) -> str:
+        where = {"session": "this session", "profile": f"the profile {self.target}", "global": "every session"}
+        text = f"admission is suspended for {where[self.scope]}"
+        if self.by:
+            text += f" by {self.by}"
+        return f"{text}: {self.why}" if self.why else text
+
+
+Stop = Exceeded | Hold
+SUSPENSIONS_TTL_SECONDS = 1.0
+_suspensions: tuple[float, dict[tuple[str, str], tuple[str, str]]] = (-1e9, {})
+_suspensions_lock = threading.Lock()
+
+
+def suspensions() -> dict[tuple[str, str], tuple[str, str]]:
+    """{(scope, target): (by, reason)} of the profile and global suspensions,
+    read again when this process's copy is a second old."""
+    global _suspensions
+    now = time.monotonic()
+    with _suspensions_lock:
+        at, rows = _suspensions
+    if now - at < SUSPENSIONS_TTL_SECONDS:
+        return rows
+    fresh = {(s, t): (b, r) for s, t, b, r in Suspension.objects.values_list("scope", "target", "by", "reason")}
+    with _suspensions_lock:
+        _suspensions = (now, fresh)
+    return fresh
+
+
+def forget_suspensions() -> None:
+    """Read the Suspension rows afresh next time (after this process changed them)."""
+    global _suspensions
+    with _suspensions_lock:
+        _suspensions = (-1e9, {})
+
+
+def hold_of(profile: AgentProfile | None, *, suspended: bool) -> Hold | None:
+    """The suspension holding this session, if any: its own (the caller
+    knows it from the row), its profile's, or everything's."""
+    if suspended:
+        return Hold("session")
+    found = suspensions()
+    if ("global", "") in found:
+        by, why = found[("global", "")]
+        return Hold("global", by, why)
+    if profile is not None and ("profile", profile.name) in found:
+        by, why = found[("profile", profile.name)]
+        return Hold("profile", by, why, profile.name)
+    return None
 
 
 def limits_of_session(row: dict[str, Any]) -> dict[str, Decimal | int | None]:

@@ -15,3 +15,4 @@ class Outcome(StrEnum):
     BLOCKED = "blocked"  # the turn stopped retrying; a stimulus or an operator picks it up
     HANDED_OFF = "handed_off"  # the process is draining; another worker was woken for the session
     WAITING = "waiting"  # no agent slot is free; the session waits for one (agent/waiting)
+    SUSPENDED = "suspended"  # an operator suspended admission; the turn parked at a step boundary

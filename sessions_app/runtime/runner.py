@@ -117,6 +117,19 @@ class TurnRunner:
         self.flush(release=True)
         return Outcome.ENDED
 
+    def held(self) -> limits.Hold | None:
+        """An operator's suspension holding this session (runtime/limits.py)."""
+        return limits.hold_of(self.profile, suspended=self.view.suspended)
+
+    def park_suspended(self) -> Outcome:
+        """Stop at this step boundary and give the lease up; the turn stays
+        open and runs on when the suspension is lifted (a resume wakes it)."""
+        if self.outbox.buffer:
+            self.flush(release=True)
+        if self.outbox.released is None:
+            leases.release(self.lease)
+        return Outcome.SUSPENDED
+
     def over_budget(self) -> limits.Exceeded | None:
         """The first budget the next model call would pass (runtime/limits.py)."""
         budgeted = self.lease.driving.budgeted or self.view.budgeted
@@ -143,6 +156,8 @@ class TurnRunner:
         self.resuming = resuming = st.reentry
         if st.cancel_requested:
             return self.close_cancelled(st)
+        if self.held() is not None:
+            return self.park_suspended()
         if not resuming:
             reason = hooks.first_rejection(hooks.StepContext(self.sid, self.profile))
             if reason:
@@ -209,6 +224,8 @@ class TurnRunner:
 
     def step(self, step: int, resuming: bool) -> Outcome | None:
         spec = self.view.spec
+        if self.held() is not None:
+            return self.park_suspended()
         if step > 1 or resuming:  # the first step's check is the turn's own, above
             over = self.over_budget()
             if over is not None:
@@ -385,6 +402,8 @@ class TurnRunner:
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
+        if self.view.revoked:
+            return self.result(call, "denied: the session is revoked", True)
         if storable.was_cut(call.arguments):
             limit = settings.TERRET_MAX_TOOL_ARGS_CHARS
             return self.result(call, f"not run: the arguments were longer than {limit} characters and were cut", True)

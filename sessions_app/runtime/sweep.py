@@ -64,6 +64,7 @@ def sweep(*, at_start: bool = False) -> list[str]:
         unknown_effects=0,
         blocked_seq__isnull=True,
         waiting_seq__isnull=True,
+        suspended_seq__isnull=True,
     )
     if connection.vendor == "postgresql":
         # Last in the OR, so only a row whose lease is otherwise live reads
@@ -100,7 +101,9 @@ def held() -> list[str]:
     """Idle sessions whose input a budget holds: each is woken again (at most
     once a lease period per process), and its drive checks the budgets anew:
     a new UTC day, a raised limit, or still held (then it appends nothing)."""
-    found = Session.objects.filter(held_seq__isnull=False, open_turn_seq__isnull=True, lease_owner="")
+    found = Session.objects.filter(
+        held_seq__isnull=False, open_turn_seq__isnull=True, lease_owner="", suspended_seq__isnull=True
+    )
     return _not_woken_lately([str(i) for i in found.values_list("id", flat=True)[:SWEEP_BATCH]])
 
 

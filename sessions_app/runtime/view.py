@@ -139,8 +139,11 @@ class TurnView:
         self.spec = ""
         # The seq of the policy/updated in force as of `seen` (None: none yet).
         self.policy_seq = lease.driving.policy_seq
-        # Whether the session has a budget of its own (as claimed, then as seen).
+        # Whether the session has a budget of its own, and an operator's holds
+        # on it (as claimed, then as seen).
         self.budgeted = lease.driving.budgeted
+        self.suspended = lease.driving.suspended
+        self.revoked = lease.driving.revoked
         # For the post-turn work, so it need not read them back.
         self.first_user_text: str | None = None
         self.last_prompt_tokens: int | None = None
@@ -204,6 +207,10 @@ class TurnView:
             self.policy_seq = e.seq
         elif e.kind == "budget/updated":
             self.budgeted = any(e.data[name] is not None for name in BUDGETS)
+        elif e.kind in ("session/suspended", "session/resumed"):
+            self.suspended = e.kind == "session/suspended"
+        elif e.kind in ("session/revoked", "session/restored"):
+            self.revoked = e.kind == "session/revoked"
 
     def state(self, pending: list[tuple[str, dict[str, Any]]]) -> TurnState:
         """The turn as known, with `pending` (buffered, uncommitted) events

@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from approvals_app.selectors import pending_from_events
 from sessions_app import log
-from sessions_app.errors import IdempotencyConflict, InvalidInput, NotBlocked, TurnAlreadyRunning, TurnOpenInLog
+from sessions_app.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    NotBlocked,
+    SessionRevoked,
+    TurnAlreadyRunning,
+    TurnOpenInLog,
+)
 from sessions_app.log.reads import turn_events
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
@@ -86,16 +93,24 @@ class Receipt:
         return out
 
 
-def budget_blocks(session_id: uuid.UUID | str) -> limits.Exceeded | None:
-    """The budget that would keep a new turn of this session from starting."""
+def admission_stop(session_id: uuid.UUID | str, *, wake: bool) -> limits.Stop | None:
+    """What keeps input from starting a turn now: an operator's suspension, or
+    a budget (only input that would wake asks). A revoked session takes none."""
     row = Session.objects.select_related("profile").filter(id=session_id).first()
     if row is None:
         return None  # log.locked reports the missing session
+    if row.revoked_seq is not None:
+        raise SessionRevoked(f"session {row.id} is revoked; a staff member must restore it first")
+    if not wake:
+        return None
+    hold = limits.hold_of(row.profile, suspended=row.suspended_seq is not None)
+    if hold is not None:
+        return hold
     budgeted = any(getattr(row, f"budget_{name}") is not None for name in limits.BUDGETS)
     return limits.check(row.id, row.profile, opening=True, budgeted=budgeted)
 
 
-def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.Exceeded) -> Receipt:
+def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.Stop) -> Receipt:
     data: dict[str, Any] = {"text": text, "wake": True}
     if by:
         data["by"] = by
@@ -127,7 +142,7 @@ def inject(
         raise InvalidInput("idempotency key must be 1..200 characters")
     # Input for a new turn while a budget is exhausted is kept, held: it runs
     # once the budget allows (runtime/limits.py, the sweep's held input).
-    over = budget_blocks(session_id) if wake else None
+    over = admission_stop(session_id, wake=wake)
     if wake and idempotency_key is None and over is None:
         receipt = _start_if_idle(session_id, text, by)
         if receipt is not None:

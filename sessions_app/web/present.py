@@ -57,6 +57,8 @@ STATUS_LABELS = {
     "running": "running",
     "waiting_approval": "waiting for approval",
     "waiting_reconcile": "waiting for an operator",
+    "suspended": "suspended by an operator",
+    "revoked": "revoked",
     "blocked": "blocked",
 }
 # What a batch of events must contain for the page's approvals to change.

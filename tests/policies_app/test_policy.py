@@ -336,12 +336,15 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, ma
     statements = [q["sql"] for q in queries.captured_queries]
     assert not [s for s in statements if "policy_seq" in s and s.lstrip().upper().startswith("SELECT")]
     # The model's learned context window is read once per process per minute
-    # (runtime/windows.py), here on the first step, never per step.
+    # (runtime/windows.py) and the operators' suspensions once per second
+    # (runtime/limits.py): here on the first step, never per step.
     window_reads = [s for s in statements if "sessions_app_modelwindow" in s]
+    suspension_reads = [s for s in statements if "sessions_app_suspension" in s]
     assert len(window_reads) == 1, window_reads
+    assert len(suspension_reads) == 1, suspension_reads
     if connection.vendor == "postgresql":
         # The claim (which reads the turn too), the first step/start, one
         # commit per step (each with the next step/start; the last with
         # turn/end and the lease's release).
-        rest = [s for s in statements if s not in window_reads]
+        rest = [s for s in statements if s not in window_reads + suspension_reads]
         assert len(rest) == 1 + 1 + 3, rest

@@ -355,6 +355,16 @@ def test_the_openapi_document_describes_the_effect_endpoints(client):
         "failed",
         "unknown",
         "resolved",
+        "superseded",
     }
     assert "unknown_effects" in schemas["SessionOut"]["required"]
     assert "waiting_reconcile" in schemas["ResolveOut"]["properties"]["status"]["enum"]
+
+
+def test_every_ledger_state_is_in_the_api_schema() -> None:
+    """The listing's schema knows every state the ledger has (superseded
+    included): an attempt in a state it did not know would be a 500."""
+    from sessions_app.api.schemas import EffectState
+    from sessions_app.runtime.effects import State
+
+    assert set(EffectState.__args__) == set(State.__args__)  # type: ignore[attr-defined]

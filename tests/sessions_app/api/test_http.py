@@ -49,6 +49,12 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/sessions/{session_id}/effects",
         "/api/sessions/{session_id}/effects/{call_id}/resolve",
         "/api/sessions/{session_id}/budget",
+        "/api/sessions/{session_id}/abandon",
+        "/api/sessions/{session_id}/revoke",
+        "/api/sessions/{session_id}/restore",
+        "/api/ops/attention",
+        "/api/ops/suspend",
+        "/api/ops/resume",
     }
     assert doc["components"]["securitySchemes"]["BearerAuth"] == {"type": "http", "scheme": "bearer"}
 

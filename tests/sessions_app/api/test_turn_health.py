@@ -147,6 +147,8 @@ def test_the_openapi_document_describes_retry_blocked_waiting_and_closed(client)
         "waiting_approval",
         "waiting_reconcile",
         "blocked",
+        "suspended",
+        "revoked",
     }
     assert {"blocked", "waiting"} <= set(schemas["SessionOut"]["required"])
     assert set(schemas["BlockedOut"]["properties"]) == {"reason", "attempts", "since"}

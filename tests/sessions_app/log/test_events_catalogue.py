@@ -31,6 +31,10 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
         {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
+    "session/suspended": [{"by": "ops"}, {"by": "ops", "reason": "incident"}],
+    "session/resumed": [{"by": "ops"}],
+    "session/revoked": [{"by": "ops", "reason": "leaked key"}],
+    "session/restored": [{"by": "ops"}],
     "budget/updated": [
         {"cost_usd": None, "tokens": None, "steps": None, "turns": None},
         {"cost_usd": 1.5, "tokens": 100000, "steps": 50, "turns": 0, "by": "owner"},
@@ -171,6 +175,10 @@ INVALID: dict[str, list[Any]] = {
     "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
     "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
     "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],
+    "session/suspended": [{}, {"by": ""}],
+    "session/resumed": [{"reason": "x"}],
+    "session/revoked": [{"by": 3}],
+    "session/restored": [{"by": "ops", "extra": 1}],
     "budget/updated": [
         {"cost_usd": None, "tokens": None, "steps": None},
         {"cost_usd": -1, "tokens": None, "steps": None, "turns": None},

@@ -1,0 +1,258 @@
+"""Operators' actions: suspend and resume admission, retry, abandon a
+blocked turn, revoke and restore a session; and what needs a human.
+
+Each action validates (check), writes under the session row lock or in one
+transaction (do), records itself in the operators' log (OperatorAction, with
+actor and reason) and, for a session, as an event in the session's log; the
+wake-ups go out on commit. The console (page, API, admin) calls only these.
+Who may: staff, checked by the interfaces (permissions.is_operator).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from sessions_app import log
+from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
+from sessions_app.log.reads import turn_events
+from sessions_app.models import AgentProfile, Event, OperatorAction, Session, Suspension
+from sessions_app.runtime import dispatch, limits
+from sessions_app.runtime.closing import closing_entries
+from sessions_app.runtime.registry import lease_live
+from sessions_app.services import inputs
+
+SCOPES = ("global", "profile", "session")
+MAX_REASON_CHARS = 500
+WAKE_BATCH = 1000
+
+
+def check_action(scope: Any, target: Any, reason: Any) -> tuple[str, str, str]:
+    if scope not in SCOPES:
+        raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}")
+    if not isinstance(target, str) or (scope != "global" and not target.strip()):
+        raise InvalidInput("target must name the profile or the session (empty for global)")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS or "\x00" in reason:
+        raise InvalidInput(f"reason must be a string of at most {MAX_REASON_CHARS} characters")
+    if scope == "profile" and not AgentProfile.objects.filter(name=target).exists():
+        raise InvalidInput(f"no agent profile {target!r}")
+    if scope == "session":
+        try:
+            uuid.UUID(target)
+        except ValueError:
+            raise InvalidInput("target must be a session id") from None
+        if not Session.objects.filter(id=target).exists():
+            raise UnknownSession(f"no session {target}")
+    return scope, "" if scope == "global" else target.strip(), reason
+
+
+def _record(actor: str, action: str, scope: str, target: str, reason: str) -> None:
+    OperatorAction.objects.create(actor=actor, action=action, scope=scope, target=target, reason=reason)
+
+
+def suspend(scope: Any, target: Any, *, by: str, reason: Any = "") -> None:
+    scope, target, reason = check_action(scope, target, reason)
+    if scope == "session":
+        with log.locked(target) as tx:
+            if tx.row["suspended_seq"] is None:
+                tx.append("session/suspended", {"by": by, "reason": reason})
+            _record(by, "suspend", scope, target, reason)
+        return
+    with transaction.atomic():
+        Suspension.objects.update_or_create(scope=scope, target=target, defaults={"by": by, "reason": reason})
+        _record(by, "suspend", scope, target, reason)
+    limits.forget_suspensions()
+
+
+def resume(scope: Any, target: Any, *, by: str, reason: Any = "") -> int:
+    """Lift a suspension; wakes what it held. Returns how many sessions were woken."""
+    scope, target, reason = check_action(scope, target, reason)
+    if scope == "session":
+        with log.locked(target) as tx:
+            if tx.row["suspended_seq"] is not None:
+                tx.append("session/resumed", {"by": by, "reason": reason})
+                if tx.row["open_turn_seq"] is not None or tx.row["held_seq"] is not None:
+                    dispatch.wake(tx.session_id)
+            _record(by, "resume", scope, target, reason)
+        return 1
+    with transaction.atomic():
+        Suspension.objects.filter(scope=scope, target=target).delete()
+        _record(by, "resume", scope, target, reason)
+        held = Session.objects.filter(suspended_seq__isnull=True, revoked_seq__isnull=True)
+        if scope == "profile":
+            held = held.filter(agent__profile__name=target) | held.filter(profile__name=target)
+        woken = [sid for sid in held.filter(open_turn_seq__isnull=False).values_list("id", flat=True)[:WAKE_BATCH]] + [
+            sid for sid in held.filter(held_seq__isnull=False).values_list("id", flat=True)[:WAKE_BATCH]
+        ]
+        for sid in dict.fromkeys(woken):
+            dispatch.wake(sid)  # on commit; the sweep catches any beyond the batch
+    limits.forget_suspensions()
+    return len(set(woken))
+
+
+def retry(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
+    inputs.retry(session_id, by=by)
+    _record(by, "retry", "session", str(session_id), reason)
+
+
+def abandon(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
+    """Close a blocked turn `failed` (its owed calls get error results), for
+    an operator who decided it will not succeed."""
+    _, _, reason = check_action("session", str(session_id), reason)
+    with log.locked(session_id) as tx:
+        turn_seq = tx.row["open_turn_seq"]
+        if turn_seq is None or tx.row["blocked_seq"] is None:
+            raise NotAbandonable(f"session {tx.session_id} has no blocked turn")
+        if lease_live(tx.row):
+            raise NotAbandonable(f"a worker holds session {tx.session_id}; retry or cancel it instead")
+        error = f"abandoned by {by}" + (f": {reason}" if reason else "")
+        for kind, data in closing_entries(turn_events(tx.session_id, turn_seq), "failed", error=error, by=by):
+            tx.append(kind, data)
+        _record(by, "abandon", "session", str(tx.session_id), reason)
+
+
+def revoke(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
+    """Cancel the session's turn, deny every tool call from now on, and
+    refuse its input until a staff member restores it."""
+    _, _, reason = check_action("session", str(session_id), reason)
+    with log.locked(session_id) as tx:
+        if tx.row["revoked_seq"] is None:
+            tx.append("session/revoked", {"by": by, "reason": reason})
+        _record(by, "revoke", "session", str(tx.session_id), reason)
+    inputs.cancel(session_id, by=by)
+
+
+def restore(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
+    _, _, reason = check_action("session", str(session_id), reason)
+    with log.locked(session_id) as tx:
+        if tx.row["revoked_seq"] is not None:
+            tx.append("session/restored", {"by": by, "reason": reason})
+        _record(by, "restore", "session", str(tx.session_id), reason)
+
+
+# ---------------------------------------------------------------- what needs a human (a selector)
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: str
+    session_id: str | None
+    title: str
+    since: datetime | None
+    detail: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        age = (timezone.now() - self.since).total_seconds() if self.since else None
+        return {
+            "kind": self.kind,
+            "session_id": self.session_id,
+            "title": self.title,
+            "since": self.since.isoformat() if self.since else None,
+            "age_seconds": None if age is None else round(age, 1),
+            "detail": self.detail,
+        }
+
+
+ATTENTION_LIMIT = 200
+
+
+def attention() -> dict[str, list[Item]]:
+    """What needs a human, by kind, each bounded (oldest first where age matters)."""
+    now = timezone.now()
+    sessions = Session.objects.all()
+    out: dict[str, list[Item]] = {}
+
+    def of(qs: Any, kind: str, since_field: str, detail: Any) -> list[Item]:
+        return [
+            Item(kind, str(s.id), s.title or str(s.id), getattr(s, since_field, None), detail(s))
+            for s in qs[:ATTENTION_LIMIT]
+        ]
+
+    out["blocked"] = of(
+        sessions.filter(open_turn_seq__isnull=False, blocked_seq__isnull=False).order_by("last_event_at"),
+        "blocked",
+        "last_event_at",
+        lambda s: {"blocked_seq": s.blocked_seq},
+    )
+    out["suspended"] = of(
+        sessions.filter(suspended_seq__isnull=False).order_by("last_event_at"),
+        "suspended",
+        "last_event_at",
+        lambda s: {"suspended_seq": s.suspended_seq},
+    ) + [
+        Item(
+            "suspended",
+            None,
+            f"{s.scope} {s.target}".strip(),
+            s.created_at,
+            {"scope": s.scope, "target": s.target, "by": s.by, "reason": s.reason},
+        )
+        for s in Suspension.objects.order_by("created_at")
+    ]
+    out["revoked"] = of(
+        sessions.filter(revoked_seq__isnull=False),
+        "revoked",
+        "last_event_at",
+        lambda s: {"revoked_seq": s.revoked_seq},
+    )
+    out["held_input"] = of(
+        sessions.filter(held_seq__isnull=False).order_by("last_event_at"),
+        "held_input",
+        "last_event_at",
+        lambda s: {"held_seq": s.held_seq},
+    )
+    asked = (
+        Event.objects.filter(
+            kind="approval/requested",
+            session__pending_approvals__gt=0,
+            session__open_turn_seq__isnull=False,
+            seq__gte=F("session__open_turn_seq"),  # approvals of the open turn only
+        )
+        .select_related("session")
+        .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    out["approvals"] = [
+        Item(
+            "approval",
+            str(e.session_id),
+            e.session.title or str(e.session_id),
+            e.created_at,
+            {"call_id": e.data["call_id"], "tool": e.data["name"], "seq": e.seq},
+        )
+        for e in asked
+    ]
+    expired = sessions.filter(open_turn_seq__isnull=False, lease_owner__gt="", lease_expires_at__lt=now)
+    stale = sessions.filter(
+        open_turn_seq__isnull=False,
+        lease_owner="",
+        pending_approvals=0,
+        unknown_effects=0,
+        blocked_seq__isnull=True,
+        suspended_seq__isnull=True,
+        last_event_at__lt=now - timedelta(seconds=settings.TERRET_LEASE_SECONDS * 2),
+    )
+    out["expired_leases"] = of(
+        (expired | stale).order_by("last_event_at"),
+        "expired_lease",
+        "lease_expires_at",
+        lambda s: {
+            "lease_owner": s.lease_owner,
+            "lease_expires_at": s.lease_expires_at.isoformat() if s.lease_expires_at else None,
+        },
+    )
+    out["unknown_effects"] = of(
+        sessions.filter(open_turn_seq__isnull=False, unknown_effects__gt=0).order_by("last_event_at"),
+        "unknown_effects",
+        "last_event_at",
+        lambda s: {"pending": s.unknown_effects},
+    )
+    return out

@@ -1,0 +1,141 @@
+"""The operators' console (/ops/): what needs a human, by kind, with the
+buttons that act on it, a form to suspend a scope, and the operators' log.
+
+Staff only (permissions.is_operator): anyone else signed in gets 403, the
+anonymous the login page. Every button is a plain POST (CSRF as everywhere)
+to a view here that calls services/operators.py and redirects back with a
+message; the page itself only reads (operators.attention, OperatorAction).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from sessions_app.errors import TerretError
+from sessions_app.models import AgentProfile, OperatorAction
+from sessions_app.permissions import is_operator
+from sessions_app.services import operators
+
+RECENT_ACTIONS = 20
+
+# (kind in operators.attention, heading, what the section is for)
+SECTIONS = [
+    ("blocked", "Blocked", "Turns that stopped retrying by themselves."),
+    ("suspended", "Suspended", "Sessions and scopes whose admission an operator suspended."),
+    ("revoked", "Revoked", "Sessions that take no input until restored."),
+    ("held_input", "Held input", "Input kept back (a budget or a suspension)."),
+    ("approvals", "Parked approvals", "Calls waiting for a reviewer, oldest first."),
+    ("expired_leases", "Expired leases", "Open turns no live worker holds."),
+    ("unknown_effects", "Effects of unknown outcome", "Attempts waiting for an operator's answer."),
+]
+
+
+class ScopeForm(forms.Form):
+    scope = forms.ChoiceField(choices=[(s, s) for s in operators.SCOPES])
+    target = forms.CharField(max_length=64, required=False, strip=True)
+    reason = forms.CharField(max_length=operators.MAX_REASON_CHARS, required=False)
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(max_length=operators.MAX_REASON_CHARS, required=False)
+
+
+def _operator(request: HttpRequest) -> str:
+    if not is_operator(request.user):
+        raise PermissionDenied("the operators' console is for staff")
+    return str(request.user.get_username())
+
+
+def _form_errors(form: forms.Form) -> str:
+    return " ".join(str(e) for errors in form.errors.values() for e in errors)
+
+
+@login_required
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    _operator(request)
+    found = operators.attention()
+    sections = [
+        {"kind": kind, "heading": heading, "about": about, "items": found.get(kind, [])}
+        for kind, heading, about in SECTIONS
+    ]
+    return render(
+        request,
+        "console/index.html",
+        {
+            "sections": sections,
+            "total": sum(len(s["items"]) for s in sections),
+            "recent": OperatorAction.objects.order_by("-at")[:RECENT_ACTIONS],
+            "profiles": AgentProfile.objects.order_by("name").values_list("name", flat=True)[:200],
+            "scopes": operators.SCOPES,
+        },
+    )
+
+
+def _scope_action(request: HttpRequest, action: str) -> HttpResponse:
+    by = _operator(request)
+    form = ScopeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Nothing done: {_form_errors(form)}")
+        return redirect("sessions:console")
+    data = form.cleaned_data
+    what = data["scope"] if data["scope"] == "global" else f"{data['scope']} {data['target']}"
+    try:
+        if action == "suspend":
+            operators.suspend(data["scope"], data["target"], by=by, reason=data["reason"])
+            messages.success(request, f"Suspended admission: {what}.")
+        else:
+            woken = operators.resume(data["scope"], data["target"], by=by, reason=data["reason"])
+            messages.success(request, f"Resumed admission: {what} ({woken} session(s) woken).")
+    except TerretError as exc:
+        messages.error(request, f"Nothing done: {exc}")
+    return redirect("sessions:console")
+
+
+@login_required
+@require_POST
+def suspend(request: HttpRequest) -> HttpResponse:
+    return _scope_action(request, "suspend")
+
+
+@login_required
+@require_POST
+def resume(request: HttpRequest) -> HttpResponse:
+    return _scope_action(request, "resume")
+
+
+SESSION_ACTIONS: dict[str, tuple[Any, str]] = {
+    "retry": (operators.retry, "Retrying the turn of"),
+    "abandon": (operators.abandon, "Abandoned the blocked turn of"),
+    "revoke": (operators.revoke, "Revoked"),
+    "restore": (operators.restore, "Restored"),
+}
+
+
+@login_required
+@require_POST
+def session_action(request: HttpRequest, session_id: uuid.UUID, action: str) -> HttpResponse:
+    by = _operator(request)
+    if action not in SESSION_ACTIONS:
+        raise Http404("no such action")
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Nothing done: {_form_errors(form)}")
+        return redirect("sessions:console")
+    run, done = SESSION_ACTIONS[action]
+    try:
+        run(session_id, by=by, reason=form.cleaned_data["reason"])
+    except TerretError as exc:
+        messages.error(request, f"Nothing done: {exc}")
+    else:
+        messages.success(request, f"{done} session {session_id}.")
+    return redirect("sessions:console")
