@@ -346,3 +346,56 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class TurnTally(models.Model):
+    """Turns ended per agent profile per UTC day, by status and budget reason
+    (the budget a rejected or stopped turn ran into; "" for none), kept by the
+    append of turn/end (log/catalogue.py) so /metrics never scans logs."""
+
+    day = models.DateField()
+    profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, null=True, blank=True)
+    status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=16, blank=True)
+    # A database default: the upsert names only its own columns.
+    count = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [
+            models.UniqueConstraint(fields=["day", "profile", "status", "reason"], name="turntally_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.profile_id} {self.status} {self.reason}".rstrip()
+
+
+class ModelTally(models.Model):
+    """Model requests (steps started) per agent profile, model and UTC day,
+    kept by the append of step/start (log/catalogue.py)."""
+
+    day = models.DateField()
+    profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, null=True, blank=True)
+    # Text, not a bounded CharField: step/start does not bound a spec's length,
+    # and an over-long one must not fail the append.
+    model = models.TextField()
+    requests = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [models.UniqueConstraint(fields=["day", "profile", "model"], name="modeltally_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.profile_id} {self.model}"
+
+
+class RuntimeCounter(models.Model):
+    """A counter of something worker processes do that no event records
+    (sweep rounds), incremented by one atomic upsert so every process on
+    every host adds to the same figure (runtime/sweep.py, /metrics)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    value = models.BigIntegerField(default=0, db_default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"

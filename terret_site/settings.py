@@ -248,6 +248,9 @@ TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, m
 TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 900 * 1024, minimum=64 * 1024)
 # The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
 TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
+# A bearer token that may scrape /metrics besides a staff session (unset: staff only;
+# terret_site/metrics.py, docs/metrics.md).
+TERRET_METRICS_TOKEN = env_str("TERRET_METRICS_TOKEN", "") or ""
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
 MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
 

@@ -3,8 +3,11 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 
+from terret_site.metrics import metrics_view
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", include("sessions_app.api.urls")),
     path("approvals/", include("approvals_app.urls")),

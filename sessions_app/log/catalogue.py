@@ -145,6 +145,28 @@ _TURNS_DAY_UPSERT = (
     "SELECT s.day, s.profile_id, 0, 0, 0, 0, 0, 1 FROM s WHERE true "
     f"ON CONFLICT (day, profile_id) DO UPDATE SET turns = {_USAGE_DAY}.turns + 1"
 )
+# Turns ended by status and budget reason, and model requests by model, per
+# profile per UTC day (TurnTally, ModelTally: read by /metrics).
+_TURN_TALLY = "sessions_app_turntally"
+_TURN_TALLY_UPSERT = (
+    f"INSERT INTO {_TURN_TALLY} (day, profile_id, status, reason, count) "
+    "SELECT s.day, s.profile_id, %s, %s, 1 FROM s WHERE true "
+    f"ON CONFLICT (day, profile_id, status, reason) DO UPDATE SET count = {_TURN_TALLY}.count + 1"
+)
+_MODEL_TALLY = "sessions_app_modeltally"
+_MODEL_TALLY_UPSERT = (
+    f"INSERT INTO {_MODEL_TALLY} (day, profile_id, model, requests) "
+    "SELECT s.day, s.profile_id, %s, 1 FROM s WHERE true "
+    f"ON CONFLICT (day, profile_id, model) DO UPDATE SET requests = {_MODEL_TALLY}.requests + 1"
+)
+
+
+def _turn_tally(data: Json) -> list[Assignment]:
+    reason = data.get("reason")
+    budget = reason.get("budget", "") if isinstance(reason, dict) else ""
+    return [(_TURN_TALLY_UPSERT, [data["status"], budget])]
+
+
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
 BUDGETS = ("cost_usd", "tokens", "steps", "turns")
 
@@ -246,6 +268,7 @@ CATALOGUE: dict[str, Kind] = {
             "message included, cut short and without secrets). `by` names who closed a turn no worker held. "
             "`reason` is structured when a budget ended it: which budget, at what scope, its limit and the spend.",
             lambda d: [("open_turn_seq = NULL", []), ("pending_approvals = 0", []), *_TURN_FRESH],
+            _turn_tally,
         ),
         Kind(
             "turn/cancel_requested",
@@ -285,6 +308,8 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"step": {"type": "integer", "minimum": 1}, "model": _NONEMPTY}, ["step", "model"]),
             False,
             "A step begins; `model` is the main role's resolved spec.",
+            None,
+            lambda d: [(_MODEL_TALLY_UPSERT, [d["model"]])],
         ),
         Kind(
             "step/end",

@@ -40,7 +40,7 @@ from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from sessions_app.models import Session
+from sessions_app.models import RuntimeCounter, Session
 from sessions_app.runtime import registry
 from sessions_app.runtime.lease import process_gone
 
@@ -116,6 +116,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("offering held input", held),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
+        ("counting the round", _count_round),
     ]
     for what, part in parts:
         try:
@@ -125,6 +126,20 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
             logger.exception("%s failed", what)
         finally:
             connection.close()
+
+
+_COUNTER_UPSERT = (
+    f"INSERT INTO {RuntimeCounter._meta.db_table} (name, value) VALUES (%s, 1) "
+    f"ON CONFLICT (name) DO UPDATE SET value = {RuntimeCounter._meta.db_table}.value + 1"
+)
+
+
+def _count_round() -> list[str]:
+    """One more sweep round, counted in the database (terret_sweeps_total on
+    /metrics): one atomic upsert, so every worker process adds to one figure."""
+    with connection.cursor() as cursor:
+        cursor.execute(_COUNTER_UPSERT, ["sweeps"])
+    return []
 
 
 def _reap() -> list[str]:

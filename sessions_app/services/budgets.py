@@ -9,14 +9,20 @@ settings (TERRET_DAILY_*); the rules are runtime/limits.py's.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from django.db.models import Q, Sum
+from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import InvalidInput, UnknownSession
 from sessions_app.log.catalogue import BUDGETS
-from sessions_app.models import Session
+from sessions_app.models import AgentProfile, Session, UsageDay
 from sessions_app.runtime import dispatch, limits
+from sessions_app.services.usage import format_cost
 
 MAX_COST_USD = Decimal("1000000")
 MAX_COUNT = 10**12
@@ -82,3 +88,124 @@ def budget_of(session_id: uuid.UUID | str) -> dict[str, Any]:
 
 def _number(name: str, value: Any) -> float | int:
     return float(value) if name == "cost_usd" else int(value)
+
+
+# ---------------------------------------------------------------- display (the dashboard)
+
+_LABELS = {"cost_usd": "cost", "tokens": "tokens", "steps": "steps", "turns": "turns"}
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One set limit beside its spend, as text; exhausted by runtime/limits.py's rules."""
+
+    budget: str
+    spent: str
+    limit: str
+    exhausted: bool
+
+    @property
+    def text(self) -> str:
+        return f"{_LABELS[self.budget]} {self.spent} / {self.limit}"
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """Spent against limit at one scope (a session, a profile's day, the installation's day)."""
+
+    scope: str
+    name: str
+    lines: tuple[BudgetLine, ...]
+
+    @property
+    def exhausted(self) -> bool:
+        return any(line.exhausted for line in self.lines)
+
+    @property
+    def text(self) -> str:
+        return " · ".join(line.text for line in self.lines)
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+def _limit_text(name: str, limit: Decimal | int) -> str:
+    if name != "cost_usd":
+        return str(limit)
+    amount = Decimal(limit)
+    if amount == amount.quantize(Decimal("0.01")):
+        return f"${amount:.2f}"
+    return f"${amount.normalize():f}"
+
+
+def budget_view(scope: str, name: str, limits_: dict[str, Decimal | int | None], spent: limits.Spent) -> BudgetView:
+    """The limits that are set (only those), each with its spend: a turn could
+    not start against an exhausted one (limits.first_exceeded, opening)."""
+    lines = []
+    for budget in BUDGETS:
+        limit = limits_.get(budget)
+        if limit is None:
+            continue
+        over = limits.first_exceeded(scope, {budget: limit}, spent, opening=True) is not None
+        used = format_cost(spent.cost_usd, spent.unpriced) if budget == "cost_usd" else str(spent.of(budget))
+        lines.append(BudgetLine(budget, used, _limit_text(budget, limit), over))
+    return BudgetView(scope, name, tuple(lines))
+
+
+def session_budget(session: Session) -> BudgetView:
+    """A session's budget from the row already read (no query)."""
+    row = {field: getattr(session, field) for field in (*_ROW_FIELDS, *(f"budget_{n}" for n in BUDGETS))}
+    return budget_view("session", session.title, limits.limits_of_session(row), _spent_of(row))
+
+
+_ROW_FIELDS = ("cost", "prompt_tokens", "completion_tokens", "steps", "turns", "unpriced_entries")
+
+
+def _spent_of(row: Mapping[str, Any]) -> limits.Spent:
+    return limits.Spent(
+        Decimal(row.get("cost") or 0),
+        int(row.get("prompt_tokens") or 0) + int(row.get("completion_tokens") or 0),
+        int(row.get("steps") or 0),
+        int(row.get("turns") or 0),
+        int(row.get("unpriced_entries") or 0),
+    )
+
+
+def daily_budgets(profile_names: Iterable[str] | None = None, *, include_global: bool) -> list[BudgetView]:
+    """Today's (UTC) spend against the daily limits that are set: per profile
+    (those named, or every one when None) and, when asked, the installation's.
+    Two queries at most, however many profiles."""
+    profiles = AgentProfile.objects.filter(
+        Q(daily_cost_usd__isnull=False)
+        | Q(daily_tokens__isnull=False)
+        | Q(daily_steps__isnull=False)
+        | Q(daily_turns__isnull=False)
+    ).order_by("name")
+    if profile_names is not None:
+        profiles = profiles.filter(name__in=list(profile_names))
+    budgeted = list(profiles)
+    global_limits = limits.global_limits()
+    with_global = include_global and any(v is not None for v in global_limits.values())
+    if not budgeted and not with_global:
+        return []
+    rows = (
+        UsageDay.objects.filter(day=timezone.now().date())
+        .values("profile_id")
+        .annotate(
+            cost=Sum("cost"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            steps=Sum("steps"),
+            turns=Sum("turns"),
+            unpriced_entries=Sum("unpriced_entries"),
+        )
+    )
+    by_profile = {row["profile_id"]: _spent_of(row) for row in rows.order_by()}
+    out = [
+        budget_view("profile", p.name, limits.limits_of_profile(p), by_profile.get(p.pk, limits.NOTHING))
+        for p in budgeted
+    ]
+    if with_global:
+        total = sum(by_profile.values(), limits.NOTHING)
+        out.append(budget_view("global", "All sessions", global_limits, total))
+    return out

@@ -4,7 +4,9 @@ Every figure on the dashboard comes from running totals kept by the append
 transaction (Session columns, UsageDay rows); no page view reads a log. The
 per-day series and per-profile totals over all sessions are shown to users
 who may view every session (staff, reviewers); others see totals over their
-own sessions only.
+own sessions only. Budgets show spent against limit (services.budgets):
+a session's own on its row, today's per profile and, for the same users as
+the per-day series, the installation's (TERRET_DAILY_*).
 
 Live updates: the page holds a websocket to /ws/dashboard/ (sockets/
 dashboard.py), which sends the body partial rendered again after each burst
@@ -34,6 +36,7 @@ from sessions_app.errors import TerretError
 from sessions_app.log import SessionNotFound
 from sessions_app.models import Agent, Session
 from sessions_app.services import compaction
+from sessions_app.services.budgets import BudgetView, daily_budgets, session_budget
 from sessions_app.services.usage import (
     Totals,
     day_series,
@@ -55,6 +58,7 @@ class SessionRow:
     agent_id: str
     totals: Totals
     can_drive: bool
+    budget: BudgetView
 
     @property
     def status_label(self) -> str:
@@ -78,15 +82,23 @@ def dashboard_context(user: Any, page_number: Any) -> dict[str, Any]:
         F("last_event_at").desc(nulls_last=True), "-created_at"
     )
     page = Paginator(listing, PAGE_SIZE).get_page(page_number)
-    rows = [SessionRow(s, _agent_id(s), totals_of(s), permissions.can_drive(user, s)) for s in page.object_list]
+    rows = [
+        SessionRow(s, _agent_id(s), totals_of(s), permissions.can_drive(user, s), session_budget(s))
+        for s in page.object_list
+    ]
     everything = sees_everything(user)
     per_profile = profile_totals_from_days() if everything else profile_totals_from_sessions(sessions)
+    # today's spend against the daily limits: every budgeted profile and the
+    # installation's for staff and reviewers, the profiles of one's own sessions otherwise
+    names = None if everything else [name for name, _ in per_profile]
+    budgets = daily_budgets(names, include_global=everything)
     grand = sum((t for _, t in per_profile), Totals())
     context: dict[str, Any] = {
         "page": page,
         "rows": rows,
         "per_profile": per_profile,
         "grand": grand,
+        "budgets": budgets,
         "everything": everything,
         "show_owner": everything,
         "socket_url": socket_url("dashboard"),

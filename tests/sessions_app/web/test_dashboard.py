@@ -20,6 +20,7 @@ from django.urls import reverse
 from sessions_app import log, services
 from sessions_app.log import hints
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
+from sessions_app.services import budgets
 from sessions_app.sockets.dashboard import DashboardConsumer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
@@ -123,6 +124,97 @@ def test_htmx_gets_the_body_partial(client: Any, owner: Any, priced: Session) ->
     html = response.content.decode()
     assert html.lstrip().startswith('<div id="dashboard-body"') and "<html" not in html
     assert "Priced session" in html
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def _row(html: str, title: str) -> str:
+    start = html.rindex("<tr", 0, html.index(title))
+    return html[start : html.index("</tr>", start)]
+
+
+def test_a_session_budget_shows_spent_against_limit(client: Any, owner: Any, priced: Session) -> None:
+    budgets.set_budget(priced.id, {"cost_usd": 1.5, "turns": 10})
+    client.force_login(owner)
+    row = _row(client.get("/dashboard/").content.decode(), "Priced session")
+    assert "budget: cost $0.0123 / $1.50 · turns 1 / 10" in row
+    assert "tokens" not in row.split("budget:")[1] and "steps" not in row  # only the limits that are set
+    assert "exhausted" not in row
+
+
+def test_an_exhausted_session_budget_is_marked(
+    client: Any, owner: Any, priced: Session, unpriced: Session, make_user: Any
+) -> None:
+    budgets.set_budget(priced.id, {"turns": 1, "tokens": 100000})
+    budgets.set_budget(unpriced.id, {"cost_usd": 1})
+    client.force_login(owner)
+    html = client.get("/dashboard/").content.decode()
+    row = _row(html, "Priced session")
+    assert 'class="budget-exhausted"' in row and "(exhausted)" in row
+    assert "tokens 1234 / 100000 · turns 1 / 1" in row
+    # an unpriced spend under a cost budget cannot be enforced: exhausted, and never "$0"
+    row = _row(html, "Unpriced session")
+    assert "cost unpriced / $1.00" in row and "(exhausted)" in row and "$0." not in row
+
+
+def test_a_profile_daily_limit_shows_todays_spend(
+    client: Any, owner: Any, priced: Session, unpriced: Session, profile: AgentProfile, settings: Any
+) -> None:
+    profile.daily_tokens = 5000
+    profile.daily_cost_usd = Decimal("0.05")
+    profile.save()
+    settings.TERRET_DAILY_TURNS = 2
+    client.force_login(owner)
+    html = client.get("/dashboard/").content.decode()
+    assert "Today&#x27;s budgets (UTC)" in html or "Today's budgets (UTC)" in html
+    row = _row(html, 'data-scope="profile"')
+    assert ">dash<" in row or "dash " in row
+    # today's figures from UsageDay; the unpriced entry makes the cost budget unenforceable
+    assert "cost $0.0123 + 1 unpriced / $0.05" in row and "tokens 1739 / 5000" in row
+    assert "budget-exhausted" in row
+    assert 'data-scope="global"' not in html  # global limits are for staff and reviewers
+
+
+def test_global_daily_limits_are_shown_to_staff_only(
+    client: Any, owner: Any, make_user: Any, priced: Session, settings: Any
+) -> None:
+    settings.TERRET_DAILY_TURNS = 5
+    settings.TERRET_DAILY_COST_USD = Decimal("0.0100")
+    client.force_login(owner)
+    assert 'data-scope="global"' not in client.get("/dashboard/").content.decode()
+    client.force_login(make_user("root", is_staff=True))
+    html = client.get("/dashboard/").content.decode()
+    row = _row(html, 'data-scope="global"')
+    assert "All sessions" in row and "turns 1 / 5" in row
+    assert "budget-exhausted" in row and '"budget-line exhausted">cost $0.0123 / $0.01<' in row  # $0.0123 >= $0.01
+
+
+def test_budgets_add_no_query_per_row(
+    client: Any, owner: Any, make_user: Any, profile: AgentProfile, settings: Any
+) -> None:
+    profile.daily_steps = 100
+    profile.save()
+    settings.TERRET_DAILY_TOKENS = 10**6
+    staff = make_user("root", is_staff=True)
+
+    def budgeted_session(n: int) -> None:
+        s = services.create_session(owner, profile)
+        _closed_turn(s, f"work {n}", _usage(10, 1, 0.001))
+        budgets.set_budget(s.id, {"cost_usd": 1, "tokens": 1000, "steps": 10, "turns": 10})
+
+    def count(user: Any) -> int:
+        client.force_login(user)
+        with CaptureQueriesContext(connection) as queries:
+            html = client.get("/dashboard/").content.decode()
+        assert "budget: cost $0.0010 / $1.00" in html
+        return len(queries)
+
+    budgeted_session(0)
+    before = {u.pk: count(u) for u in (owner, staff)}
+    for n in range(1, 6):
+        budgeted_session(n)
+    assert {u.pk: count(u) for u in (owner, staff)} == before
 
 
 # ---------------------------------------------------------------- compact endpoint

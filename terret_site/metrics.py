@@ -1,0 +1,242 @@
+"""The Prometheus endpoint, `/metrics`: every figure read from the database
+at scrape time.
+
+Turns run in Celery worker processes, several of them and possibly on other
+hosts, and the web process that answers a scrape runs none of them. A
+process-local counter (prometheus-client's default) would count only what
+the answering process did, and multiprocess mode's files only what the
+processes of one host did; both would be wrong. The database is the one
+truth every process shares, so `DatabaseCollector` keeps no state: each
+scrape runs a handful of bounded queries and reports what they find.
+
+- Gauges come from the session rows' projections, which the log's append
+  keeps in step with the events (one query for the sessions by status, live
+  turns, blocked turns, held input and pending approvals), and one indexed
+  read of the events for the oldest approval still unanswered.
+- Counters come from per-UTC-day tallies that the log's append statement
+  itself keeps (sessions_app/log/catalogue.py, `Kind.extra`): UsageDay
+  (steps, tokens, cost, turns started, per profile), TurnTally (turns ended
+  by status and budget reason), ModelTally (model requests by model), summed
+  over the days; and RuntimeCounter, incremented with one atomic upsert by
+  whatever worker process does the thing (a sweep round). A counter drops
+  only when an agent profile is deleted with its tallies, which Prometheus
+  reads as a counter reset.
+
+Every label value is bounded: statuses and budget reasons are enums, and
+profiles and models are what operators configure.
+
+Access: a staff session, or `Authorization: Bearer <TERRET_METRICS_TOKEN>`
+(unset: token access is off). No credentials: 401; others: 403. GET only.
+See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from sessions_app.models import Event, ModelTally, RuntimeCounter, Session, TurnTally, UsageDay, WorkerProcess
+
+# Session.status's precedence, written as conditions on the projection columns.
+_OPEN = Q(open_turn_seq__isnull=False)
+_NOT_REVOKED = _OPEN & Q(revoked_seq__isnull=True)
+_NOT_SUSPENDED = _NOT_REVOKED & Q(suspended_seq__isnull=True)
+_NOT_BLOCKED = _NOT_SUSPENDED & Q(blocked_seq__isnull=True)
+_NO_UNKNOWN = _NOT_BLOCKED & Q(unknown_effects__lte=0)
+STATUS_FILTERS: dict[str, Q] = {
+    "idle": Q(open_turn_seq__isnull=True),
+    "revoked": _OPEN & Q(revoked_seq__isnull=False),
+    "suspended": _NOT_REVOKED & Q(suspended_seq__isnull=False),
+    "blocked": _NOT_SUSPENDED & Q(blocked_seq__isnull=False),
+    "waiting_reconcile": _NOT_BLOCKED & Q(unknown_effects__gt=0),
+    "waiting_approval": _NO_UNKNOWN & Q(pending_approvals__gt=0),
+    "running": _NO_UNKNOWN & Q(pending_approvals__lte=0),
+}
+# The counters kept in RuntimeCounter, by row name: (metric, help).
+RUNTIME_COUNTERS = {"sweeps": ("terret_sweeps", "Sweep rounds run by worker processes (runtime/sweep.py).")}
+
+
+def _int(value: object) -> int:
+    return int(value or 0)  # type: ignore[call-overload]
+
+
+def _profile(name: str | None) -> str:
+    return name or ""
+
+
+class DatabaseCollector(Collector):
+    """Reads every figure from the database on each `collect` (see the module docstring)."""
+
+    def collect(self) -> Iterable[Metric]:
+        now = timezone.now()
+        yield from self._sessions(now)
+        yield self._oldest_approval(now)
+        yield from self._turns()
+        yield from self._usage()
+        yield self._models()
+        yield from self._runtime()
+
+    def _sessions(self, now: datetime) -> Iterable[Metric]:
+        live = _OPEN & ~Q(lease_owner="") & Q(lease_expires_at__gt=now)
+        row = Session.objects.aggregate(
+            **{f"s_{name}": Count("pk", filter=cond) for name, cond in STATUS_FILTERS.items()},
+            live=Count("pk", filter=live),
+            blocked=Count("pk", filter=_OPEN & Q(blocked_seq__isnull=False)),
+            held=Count("pk", filter=Q(held_seq__isnull=False)),
+            approvals=Coalesce(Sum("pending_approvals", filter=_OPEN), 0, output_field=IntegerField()),
+        )
+        by_status = GaugeMetricFamily("terret_sessions", "Sessions by status (Session.status).", labels=["status"])
+        for name in STATUS_FILTERS:
+            by_status.add_metric([name], _int(row[f"s_{name}"]))
+        yield by_status
+        yield GaugeMetricFamily(
+            "terret_turns_live", "Open turns whose lease a worker holds and has not let expire.", _int(row["live"])
+        )
+        yield GaugeMetricFamily(
+            "terret_turns_blocked",
+            "Open turns stopped by turn/blocked, waiting for a stimulus or an operator (whatever else holds them).",
+            _int(row["blocked"]),
+        )
+        yield GaugeMetricFamily(
+            "terret_sessions_held", "Sessions whose input a budget or a hold keeps (input/held).", _int(row["held"])
+        )
+        yield GaugeMetricFamily(
+            "terret_approvals_pending", "Tool calls of open turns waiting for a reviewer.", _int(row["approvals"])
+        )
+
+    def _oldest_approval(self, now: datetime) -> Metric:
+        answered = Event.objects.filter(
+            session_id=OuterRef("session_id"),
+            kind="approval/resolved",
+            seq__gt=OuterRef("seq"),
+            data__call_id=OuterRef("data__call_id"),
+        )
+        # Driven from the (few) sessions waiting on a reviewer, one indexed
+        # lookup each on (session, kind, seq): never a scan of the events.
+        first_open = (
+            Event.objects.filter(
+                session_id=OuterRef("pk"), kind="approval/requested", seq__gte=OuterRef("open_turn_seq")
+            )
+            .exclude(Exists(answered))
+            .order_by("seq")
+            .values("created_at")[:1]
+        )
+        oldest = (
+            Session.objects.filter(_OPEN, pending_approvals__gt=0)
+            .annotate(first=Subquery(first_open))
+            .aggregate(at=Min("first"))["at"]
+        )
+        age = max((now - oldest).total_seconds(), 0.0) if oldest else 0.0
+        return GaugeMetricFamily(
+            "terret_approval_oldest_age_seconds",
+            "Age of the oldest approval request still unanswered in an open turn (0: none).",
+            age,
+        )
+
+    def _turns(self) -> Iterable[Metric]:
+        ended = CounterMetricFamily(
+            "terret_turns_ended",
+            "Turns ended, by status and the budget that ended them ('' for none).",
+            labels=["status", "reason"],
+        )
+        rows = TurnTally.objects.values("status", "reason").annotate(n=Sum("count")).order_by("status", "reason")
+        for r in rows:
+            ended.add_metric([r["status"], r["reason"]], _int(r["n"]))
+        yield ended
+
+    def _usage(self) -> Iterable[Metric]:
+        rows = (
+            UsageDay.objects.values("profile__name")
+            .annotate(
+                steps=Sum("steps"),
+                unpriced=Sum("unpriced_entries"),
+                prompt=Sum("prompt_tokens"),
+                completion=Sum("completion_tokens"),
+                cost=Sum("cost"),
+                turns=Sum("turns"),
+            )
+            .order_by("profile__name")
+        )
+        labels = ["profile"]
+        tokens = CounterMetricFamily(
+            "terret_tokens", "Model tokens used, by profile and kind.", labels=["profile", "kind"]
+        )
+        cost = CounterMetricFamily("terret_cost_usd", "Priced model spend in USD, by profile.", labels=labels)
+        steps = CounterMetricFamily("terret_steps", "Steps run, by profile.", labels=labels)
+        unpriced = CounterMetricFamily(
+            "terret_unpriced_entries", "Model requests with no price (not counted in cost), by profile.", labels=labels
+        )
+        turns = CounterMetricFamily("terret_turns_started", "Turns opened, by profile.", labels=labels)
+        for r in rows:
+            p = _profile(r["profile__name"])
+            tokens.add_metric([p, "prompt"], _int(r["prompt"]))
+            tokens.add_metric([p, "completion"], _int(r["completion"]))
+            cost.add_metric([p], float(r["cost"] or 0))
+            steps.add_metric([p], _int(r["steps"]))
+            unpriced.add_metric([p], _int(r["unpriced"]))
+            turns.add_metric([p], _int(r["turns"]))
+        yield from (tokens, cost, steps, unpriced, turns)
+
+    def _models(self) -> Metric:
+        requests = CounterMetricFamily(
+            "terret_model_requests",
+            "Main-role model requests (step/start), by model and profile.",
+            labels=["model", "profile"],
+        )
+        rows = ModelTally.objects.values("model", "profile__name").annotate(n=Sum("requests"))
+        for r in rows.order_by("model", "profile__name"):
+            requests.add_metric([r["model"], _profile(r["profile__name"])], _int(r["n"]))
+        return requests
+
+    def _runtime(self) -> Iterable[Metric]:
+        values = dict(RuntimeCounter.objects.filter(name__in=RUNTIME_COUNTERS).values_list("name", "value"))
+        for key, (name, doc) in RUNTIME_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, _int(values.get(key)))
+        yield GaugeMetricFamily(
+            "terret_worker_processes",
+            "Worker processes registered with a liveness lock.",
+            WorkerProcess.objects.count(),
+        )
+
+
+REGISTRY = CollectorRegistry()
+REGISTRY.register(DatabaseCollector())
+
+
+def _token_ok(request: HttpRequest) -> bool | None:
+    """None: no bearer token offered; else whether it is the metrics token."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, offered = header.partition(" ")
+    if scheme.lower() != "bearer" or not offered.strip():
+        return None
+    expected: str = getattr(settings, "TERRET_METRICS_TOKEN", "") or ""
+    if not expected:
+        return False
+    return hmac.compare_digest(offered.strip().encode(), expected.encode())
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    token = _token_ok(request)
+    allowed = token is True or (user.is_authenticated and user.is_active and user.is_staff)
+    if not allowed:
+        if token is None and not user.is_authenticated:
+            response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+            return response
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    response = HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    response["Cache-Control"] = "no-store"
+    return response
