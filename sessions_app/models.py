@@ -380,6 +380,13 @@ class ModelTally(models.Model):
     # and an over-long one must not fail the append.
     model = models.TextField()
     requests = models.BigIntegerField(default=0, db_default=0)
+    # From step/end and usage/recorded of this model: what it spent, and how
+    # long its requests took (the runner's wall time of each call).
+    prompt_tokens = models.BigIntegerField(default=0, db_default=0)
+    completion_tokens = models.BigIntegerField(default=0, db_default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
+    latency_ms = models.BigIntegerField(default=0, db_default=0)
+    timed = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-day"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import shared_task
@@ -26,7 +27,7 @@ from django.conf import settings
 from django.db import connection
 
 from sessions_app.llm import openai
-from sessions_app.runtime import lifecycle, liveness
+from sessions_app.runtime import counters, lifecycle, liveness
 from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.outcomes import Outcome
@@ -36,7 +37,10 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=DRIVE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def drive_session(session_id: str) -> str:
+def drive_session(session_id: str, sent_at: float | None = None) -> str:
+    if sent_at is not None:  # from the wake-up's send to this worker taking it
+        counters.add("queue_waits")
+        counters.add("queue_wait_ms", max(0, int((time.time() - sent_at) * 1000)))
     try:
         outcome = drive(session_id)
     finally:

@@ -64,7 +64,14 @@ STATUS_FILTERS: dict[str, Q] = {
     "running": _NO_UNKNOWN & Q(pending_approvals__lte=0),
 }
 # The counters kept in RuntimeCounter, by row name: (metric, help).
-RUNTIME_COUNTERS = {"sweeps": ("terret_sweeps", "Sweep rounds run by worker processes (runtime/sweep.py).")}
+RUNTIME_COUNTERS = {
+    "sweeps": ("terret_sweeps", "Sweep rounds run by worker processes (runtime/sweep.py)."),
+    "lease_takeovers": (
+        "terret_lease_takeovers",
+        "Turns re-entered mid-step by a drive after their worker stopped (a crash, a lost lease, a deploy).",
+    ),
+    "queue_waits": ("terret_queue_waits", "Drive tasks taken by a worker (the count for terret_queue_wait_seconds)."),
+}
 
 
 def _int(value: object) -> int:
@@ -84,7 +91,7 @@ class DatabaseCollector(Collector):
         yield self._oldest_approval(now)
         yield from self._turns()
         yield from self._usage()
-        yield self._models()
+        yield from self._models()
         yield from self._runtime()
 
     def _sessions(self, now: datetime) -> Iterable[Metric]:
@@ -188,21 +195,57 @@ class DatabaseCollector(Collector):
             turns.add_metric([p], _int(r["turns"]))
         yield from (tokens, cost, steps, unpriced, turns)
 
-    def _models(self) -> Metric:
+    def _models(self) -> list[Metric]:
         requests = CounterMetricFamily(
             "terret_model_requests",
             "Main-role model requests (step/start), by model and profile.",
             labels=["model", "profile"],
         )
-        rows = ModelTally.objects.values("model", "profile__name").annotate(n=Sum("requests"))
+        tokens = CounterMetricFamily(
+            "terret_model_tokens", "Tokens spent, by model, profile and kind.", labels=["model", "profile", "kind"]
+        )
+        cost = CounterMetricFamily(
+            "terret_model_cost_usd", "Priced cost, by model and profile.", labels=["model", "profile"]
+        )
+        latency = CounterMetricFamily(
+            "terret_model_latency_seconds", "Wall time of timed model requests, by model.", labels=["model"]
+        )
+        timed = CounterMetricFamily(
+            "terret_model_timed_requests", "Model requests with a latency, by model.", labels=["model"]
+        )
+        rows = ModelTally.objects.values("model", "profile__name").annotate(
+            n=Sum("requests"),
+            p=Sum("prompt_tokens"),
+            c=Sum("completion_tokens"),
+            usd=Sum("cost"),
+            ms=Sum("latency_ms"),
+            t=Sum("timed"),
+        )
+        by_model: dict[str, list[int]] = {}
         for r in rows.order_by("model", "profile__name"):
-            requests.add_metric([r["model"], _profile(r["profile__name"])], _int(r["n"]))
-        return requests
+            labels = [r["model"], _profile(r["profile__name"])]
+            requests.add_metric(labels, _int(r["n"]))
+            tokens.add_metric([*labels, "prompt"], _int(r["p"]))
+            tokens.add_metric([*labels, "completion"], _int(r["c"]))
+            cost.add_metric(labels, float(r["usd"] or 0))
+            seen = by_model.setdefault(r["model"], [0, 0])
+            seen[0] += _int(r["ms"])
+            seen[1] += _int(r["t"])
+        for model, (ms, n) in by_model.items():
+            latency.add_metric([model], ms / 1000)
+            timed.add_metric([model], n)
+        return [requests, tokens, cost, latency, timed]
 
     def _runtime(self) -> Iterable[Metric]:
         values = dict(RuntimeCounter.objects.filter(name__in=RUNTIME_COUNTERS).values_list("name", "value"))
+        values.update(RuntimeCounter.objects.filter(name="queue_wait_ms").values_list("name", "value"))
         for key, (name, doc) in RUNTIME_COUNTERS.items():
             yield CounterMetricFamily(name, doc, _int(values.get(key)))
+        yield CounterMetricFamily(
+            "terret_queue_wait_seconds",
+            "Time from a wake-up's send to a worker taking it, summed (divide by terret_queue_waits_total).",
+            _int(values.get("queue_wait_ms")) / 1000,
+        )
         yield GaugeMetricFamily(
             "terret_worker_processes",
             "Worker processes registered with a liveness lock.",

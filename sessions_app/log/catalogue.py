@@ -154,6 +154,32 @@ _TURN_TALLY_UPSERT = (
     f"ON CONFLICT (day, profile_id, status, reason) DO UPDATE SET count = {_TURN_TALLY}.count + 1"
 )
 _MODEL_TALLY = "sessions_app_modeltally"
+_MODEL_SPEND_UPSERT = (
+    f"INSERT INTO {_MODEL_TALLY} (day, profile_id, model, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
+    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s, %s FROM s WHERE true "
+    "ON CONFLICT (day, profile_id, model) DO UPDATE SET "
+    f"prompt_tokens = {_MODEL_TALLY}.prompt_tokens + excluded.prompt_tokens, "
+    f"completion_tokens = {_MODEL_TALLY}.completion_tokens + excluded.completion_tokens, "
+    f"cost = {_MODEL_TALLY}.cost + excluded.cost, "
+    f"latency_ms = {_MODEL_TALLY}.latency_ms + excluded.latency_ms, "
+    f"timed = {_MODEL_TALLY}.timed + excluded.timed"
+)
+
+
+def _model_spend(data: Json) -> list[Assignment]:
+    """What a step/end or usage/recorded says its model spent (and how long
+    the step's request took), per model: /metrics' by-model figures."""
+    model, usage = data.get("model"), data.get("usage")
+    latency = data.get("latency_ms")
+    if not model or (usage is None and latency is None):
+        return []
+    prompt = int(usage["prompt_tokens"]) if usage else 0
+    completion = int(usage["completion_tokens"]) if usage else 0
+    cost = Decimal(str(usage["cost"])) if usage and usage.get("cost") is not None else Decimal(0)
+    timed = 0 if latency is None else 1
+    return [(_MODEL_SPEND_UPSERT, [model, prompt, completion, cost, int(latency or 0), timed])]
+
+
 _MODEL_TALLY_UPSERT = (
     f"INSERT INTO {_MODEL_TALLY} (day, profile_id, model, requests) "
     "SELECT s.day, s.profile_id, %s, 1 FROM s WHERE true "
@@ -298,7 +324,7 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "turn/retry_requested",
-            _obj({"by": _STR}),
+            _obj({"by": _STR, "reason": _STR}),
             False,
             "Someone asked a blocked turn to be driven again.",
             lambda d: [("blocked_seq = NULL", [])],
@@ -314,14 +340,24 @@ CATALOGUE: dict[str, Kind] = {
         Kind(
             "step/end",
             _obj(
-                {"step": {"type": "integer", "minimum": 1}, "usage": _USAGE, "usage_recorded": {"type": "boolean"}},
+                {
+                    "step": {"type": "integer", "minimum": 1},
+                    "usage": _USAGE,
+                    "usage_recorded": {"type": "boolean"},
+                    "model": _STR,
+                    "latency_ms": {"type": "integer", "minimum": 0},
+                },
                 ["step"],
             ),
             False,
-            "A step ends, with the usage of its model request. No usage: its figure is lost (unpriced), unless "
-            "`usage_recorded` says a usage/recorded of the step counted the request already.",
+            "A step ends, with the usage of its model request, its model and how long the request took. No "
+            "usage: its figure is lost (unpriced), unless `usage_recorded` says a usage/recorded of the step "
+            "counted the request already.",
             lambda d: _usage_totals(d.get("usage"), step=True, elsewhere=bool(d.get("usage_recorded"))),
-            lambda d: _usage_day(d.get("usage"), step=True, elsewhere=bool(d.get("usage_recorded"))),
+            lambda d: [
+                *_usage_day(d.get("usage"), step=True, elsewhere=bool(d.get("usage_recorded"))),
+                *_model_spend(d),
+            ],
         ),
         Kind(
             "usage/recorded",
@@ -341,7 +377,7 @@ CATALOGUE: dict[str, Kind] = {
             "null means unknown, counted as unpriced). Appended without a fence: spend is recorded whoever "
             "holds the session now.",
             lambda d: _usage_totals(d["usage"], step=False),
-            lambda d: _usage_day(d["usage"], step=False),
+            lambda d: [*_usage_day(d["usage"], step=False), *_model_spend(d)],
         ),
         Kind(
             "input/queued",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 from celery import current_app
@@ -49,7 +50,8 @@ RESEND_SECONDS = 1.0
 def send_drive(session_id: str) -> None:
     """Send a drive task; never raises (see the module docstring)."""
     try:
-        current_app.send_task(DRIVE_TASK, args=[session_id])
+        # The send time rides along, so the worker can count the queue wait.
+        current_app.send_task(DRIVE_TASK, args=[session_id, time.time()])
     except Exception as exc:
         logger.warning("wake-up for %s not sent (%s); retrying in the background", session_id, exc)
         _resend.add(session_id)
@@ -85,7 +87,7 @@ class _Resend:
                     return
             for sid in batch:
                 try:
-                    current_app.send_task(DRIVE_TASK, args=[sid])
+                    current_app.send_task(DRIVE_TASK, args=[sid, time.time()])
                 except Exception:
                     break  # still down; try again after the pause
                 with self._lock:

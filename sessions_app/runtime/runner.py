@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +52,18 @@ from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, M
 from sessions_app.log import hints
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import admission, effects, failpoints, failures, hooks, lifecycle, limits, storable, windows
+from sessions_app.runtime import (
+    admission,
+    counters,
+    effects,
+    failpoints,
+    failures,
+    hooks,
+    lifecycle,
+    limits,
+    storable,
+    windows,
+)
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
@@ -85,6 +97,7 @@ class TurnRunner:
         self.turn_seq = 0
         # Whether this step compacted already: a second refusal then fails the turn.
         self.compacted_in_step = False
+        self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
 
@@ -154,6 +167,8 @@ class TurnRunner:
     def _run(self) -> Outcome:
         st = self.outbox.state()
         self.resuming = resuming = st.reentry
+        if resuming:
+            counters.add("lease_takeovers")  # its worker stopped mid-step: this drive took it over
         if st.cancel_requested:
             return self.close_cancelled(st)
         if self.held() is not None:
@@ -263,7 +278,7 @@ class TurnRunner:
                 self.spent(spec, step, failed.usage.as_json(), f"the call failed: {type(failed).__name__}")
             raise
         self.outbox.emit("assistant/message", _assistant_payload(reply))
-        end: dict[str, Any] = {"step": step}
+        end: dict[str, Any] = {"step": step, "model": spec, "latency_ms": self.last_call_ms}
         if reply.usage is not None:
             end["usage"] = reply.usage.as_json()
         if not reply.tool_calls:
@@ -331,14 +346,18 @@ class TurnRunner:
     def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
         tools = self.registry.specs()
         connection.close()  # no pooled connection is held across the model call
-        with stop_watch.watching(self.sid, Abort()) as abort:
-            return get_adapter(spec).complete(
-                spec,
-                messages,
-                tools,
-                on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
-                abort=abort,
-            )
+        started = time.monotonic()
+        try:
+            with stop_watch.watching(self.sid, Abort()) as abort:
+                return get_adapter(spec).complete(
+                    spec,
+                    messages,
+                    tools,
+                    on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
+                    abort=abort,
+                )
+        finally:
+            self.last_call_ms = int((time.monotonic() - started) * 1000)
 
     # -- failure, hand-over
 

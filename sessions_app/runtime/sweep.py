@@ -40,8 +40,8 @@ from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from sessions_app.models import RuntimeCounter, Session
-from sessions_app.runtime import registry
+from sessions_app.models import Session
+from sessions_app.runtime import counters, registry
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -128,17 +128,11 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
             connection.close()
 
 
-_COUNTER_UPSERT = (
-    f"INSERT INTO {RuntimeCounter._meta.db_table} (name, value) VALUES (%s, 1) "
-    f"ON CONFLICT (name) DO UPDATE SET value = {RuntimeCounter._meta.db_table}.value + 1"
-)
-
-
 def _count_round() -> list[str]:
-    """One more sweep round, counted in the database (terret_sweeps_total on
-    /metrics): one atomic upsert, so every worker process adds to one figure."""
-    with connection.cursor() as cursor:
-        cursor.execute(_COUNTER_UPSERT, ["sweeps"])
+    """One more sweep round (terret_sweeps_total on /metrics), and this
+    process's other counters since the last round, written (counters.py)."""
+    counters.add("sweeps")
+    counters.flush()
     return []
 
 

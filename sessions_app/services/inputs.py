@@ -220,11 +220,14 @@ def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
     return True
 
 
-def retry(session_id: uuid.UUID | str, *, by: str = "") -> None:
+def retry(session_id: uuid.UUID | str, *, by: str = "", reason: str = "") -> None:
     """Drive a blocked turn again now (NotBlocked if it is not blocked). The
     turn gets one more attempt; if that fails too it is blocked again."""
     with log.locked(session_id) as tx:
         if tx.row["open_turn_seq"] is None or tx.row["blocked_seq"] is None:
             raise NotBlocked(f"session {tx.session_id} has no blocked turn")
-        tx.append("turn/retry_requested", {"by": by} if by else {})
+        data = {"by": by} if by else {}
+        if reason:
+            data["reason"] = reason
+        tx.append("turn/retry_requested", data)
         dispatch.wake(tx.session_id)

@@ -100,7 +100,8 @@ def resume(scope: Any, target: Any, *, by: str, reason: Any = "") -> int:
 
 
 def retry(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
-    inputs.retry(session_id, by=by)
+    _, _, reason = check_action("session", str(session_id), reason)
+    inputs.retry(session_id, by=by, reason=reason)
     _record(by, "retry", "session", str(session_id), reason)
 
 

@@ -21,6 +21,7 @@ from sessions_app.runtime import lease
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.sweep import sweep_round
 from sessions_app.services.budgets import set_budget
+from sessions_app.tasks import drive_session
 from tests.fakes.fake_llm import Reply
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
@@ -109,6 +110,16 @@ def test_turns_ended_and_model_requests(staff_client: Client, fake_llm: Any, ses
     assert value(samples, "terret_cost_usd_total", profile="t") == pytest.approx(0.003)
     assert value(samples, "terret_steps_total", profile="t") == 2
     assert value(samples, "terret_turns_started_total", profile="t") == 3
+    # By model: what each step/end says its model spent, and how long its request took.
+    ends = [e.data for e in session.events.filter(kind="step/end").order_by("seq")]
+    assert [e["model"] for e in ends] == ["test/model", "test/model"]
+    assert value(samples, "terret_model_tokens_total", model="test/model", profile="t", kind="prompt") == 15
+    assert value(samples, "terret_model_tokens_total", model="test/model", profile="t", kind="completion") == 3
+    assert value(samples, "terret_model_cost_usd_total", model="test/model", profile="t") == pytest.approx(0.003)
+    assert value(samples, "terret_model_timed_requests_total", model="test/model") == 2
+    assert value(samples, "terret_model_latency_seconds_total", model="test/model") == pytest.approx(
+        sum(e["latency_ms"] for e in ends) / 1000
+    )
 
 
 def test_sweep_rounds_are_counted_in_the_database(staff_client: Client) -> None:
@@ -116,6 +127,22 @@ def test_sweep_rounds_are_counted_in_the_database(staff_client: Client) -> None:
     sweep_round(at_start=False, wake=lambda sid: None)
     assert RuntimeCounter.objects.get(name="sweeps").value == 2
     assert value(scrape(staff_client), "terret_sweeps_total") == 2
+
+
+def test_takeovers_and_queue_wait_are_counted_by_the_workers_and_flushed(
+    staff_client: Client, fake_llm: Any, session: Session
+) -> None:
+    """A drive that re-enters a turn mid-step counts a takeover; a drive
+    task counts its queue wait; the sweep round writes both."""
+    services.run_turn(session.id, "go")
+    log.append(session.id, "step/start", {"step": 1, "model": "test/model"})  # what a dead worker left
+    fake_llm.script(Reply(text="taken over"))
+    assert drive_session(str(session.id), time.time() - 0.25) == "ended"
+    sweep_round(at_start=False, wake=lambda sid: None)
+    samples = scrape(staff_client)
+    assert value(samples, "terret_lease_takeovers_total") == 1
+    assert value(samples, "terret_queue_waits_total") == 1
+    assert value(samples, "terret_queue_wait_seconds_total") >= 0.25
 
 
 def test_access(client: Client, make_user: Any, settings: Any) -> None:

@@ -90,6 +90,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"step": 3, "usage": {"prompt_tokens": 0, "completion_tokens": 0}},
         {"step": 4, "usage": {**USAGE, "cost": None}},
         {"step": 5, "usage_recorded": True},
+        {"step": 6, "usage": USAGE, "model": "x/y", "latency_ms": 812},
     ],
     "usage/recorded": [
         {"purpose": "title", "usage": USAGE},

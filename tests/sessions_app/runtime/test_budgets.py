@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db.models import F
 
-from sessions_app import services
+from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
 from sessions_app.runtime import sweep
 from sessions_app.runtime.drive import drive
@@ -246,3 +246,56 @@ def test_under_a_worker_a_daily_budget_lets_held_input_run_on_a_new_day(
     wait_for(lambda: len(events(session, "turn/end")) == 2, timeout=30, what="the worker's sweep running it")
     assert last_end(session) == {"status": "completed"}
     assert requests(fake_llm) == 2
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize(
+    ("budget", "start", "mid"),
+    [
+        ("cost_usd", 0.002, 0.001),
+        ("tokens", 30, 15),
+        ("steps", 2, 1),
+        ("turns", 1, None),  # turns do not grow within a turn: checked at its start only
+    ],
+)
+def test_under_a_worker_each_budget_at_a_turns_start_and_between_steps(
+    budget: str, start: Any, mid: Any, start_worker: Any, fake_llm: Any, make_user: Any, profile: AgentProfile
+) -> None:
+    """A real worker process: a two-step turn spends $0.002, 30 tokens, 2
+    steps, 1 turn. Under a budget of exactly that, the next turn is rejected
+    before any model request; under a budget of one step's worth, a turn
+    fails between its steps. Requests are counted at the fake server."""
+    session = services.create_session(make_user(), profile)
+    replies = two_steps() + (two_steps()[:1] if mid is not None else [])
+    fake_llm.script(*replies)
+    start_worker(name="a")
+    services.inject(session.id, "first", wake=True)
+    wait_for(lambda: events(session, "turn/end"), what="the first turn")
+    assert last_end(session) == {"status": "completed"}
+    set_budget(session.id, limit(**{budget: start}), by="owner")
+    services.run_turn(session.id, "second")  # opened, not held: the worker's check rejects it
+    wait_for(lambda: len(events(session, "turn/end")) == 2, what="the second turn's end")
+    end = last_end(session)
+    assert (end["status"], end["reason"]["budget"], end["reason"]["scope"]) == ("rejected", budget, "session")
+    assert requests(fake_llm) == 2
+    if mid is None:
+        return
+    other = services.create_session(make_user(), profile)
+    set_budget(other.id, limit(**{budget: mid}), by="owner")
+    services.inject(other.id, "go", wake=True)
+    wait_for(lambda: events(other, "turn/end"), what="the budgeted turn")
+    end = last_end(other)
+    assert (end["status"], end["reason"]["budget"]) == ("failed", budget)
+    assert requests(fake_llm) == 3, "the second step's request is never made"
+
+
+@pytest.mark.usefixtures("manual_worker")
+def test_utility_requests_count_against_the_budget(fake_llm: Any, session: Session) -> None:
+    """A titler's or summarizer's spend (usage/recorded) counts like a step's."""
+    usage = {"prompt_tokens": 20, "completion_tokens": 5, "cost": 0.01}
+    log.append(session.id, "usage/recorded", {"purpose": "title", "model": "x/t", "usage": usage})
+    set_budget(session.id, limit(tokens=25), by="owner")
+    receipt = services.inject(session.id, "hello", wake=True)
+    assert receipt.disposition == "held"
+    assert receipt.held_reason == "the session's token budget is exhausted: 25 of 25"
+    assert requests(fake_llm) == 0
