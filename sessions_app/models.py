@@ -371,8 +371,9 @@ class TurnTally(models.Model):
 
 
 class ModelTally(models.Model):
-    """Model requests (steps started) per agent profile, model and UTC day,
-    kept by the append of step/start (log/catalogue.py)."""
+    """Model requests with what they spent and took, per agent profile,
+    model and UTC day, kept by the append of step/end (and the spend of
+    usage/recorded) (log/catalogue.py)."""
 
     day = models.DateField()
     profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, null=True, blank=True)

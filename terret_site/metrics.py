@@ -16,7 +16,7 @@ scrape runs a handful of bounded queries and reports what they find.
 - Counters come from per-UTC-day tallies that the log's append statement
   itself keeps (sessions_app/log/catalogue.py, `Kind.extra`): UsageDay
   (steps, tokens, cost, turns started, per profile), TurnTally (turns ended
-  by status and budget reason), ModelTally (model requests by model), summed
+  by status and budget reason), ModelTally (model requests, tokens, cost and latency by model), summed
   over the days; and RuntimeCounter, incremented with one atomic upsert by
   whatever worker process does the thing (a sweep round). A counter drops
   only when an agent profile is deleted with its tallies, which Prometheus
@@ -198,7 +198,7 @@ class DatabaseCollector(Collector):
     def _models(self) -> list[Metric]:
         requests = CounterMetricFamily(
             "terret_model_requests",
-            "Main-role model requests (step/start), by model and profile.",
+            "Main-role model requests that returned a reply (step/end), by model and profile.",
             labels=["model", "profile"],
         )
         tokens = CounterMetricFamily(

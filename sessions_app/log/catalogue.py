@@ -155,9 +155,11 @@ _TURN_TALLY_UPSERT = (
 )
 _MODEL_TALLY = "sessions_app_modeltally"
 _MODEL_SPEND_UPSERT = (
-    f"INSERT INTO {_MODEL_TALLY} (day, profile_id, model, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
-    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s, %s FROM s WHERE true "
+    f"INSERT INTO {_MODEL_TALLY} "
+    "(day, profile_id, model, requests, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
+    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s, %s, %s FROM s WHERE true "
     "ON CONFLICT (day, profile_id, model) DO UPDATE SET "
+    f"requests = {_MODEL_TALLY}.requests + excluded.requests, "
     f"prompt_tokens = {_MODEL_TALLY}.prompt_tokens + excluded.prompt_tokens, "
     f"completion_tokens = {_MODEL_TALLY}.completion_tokens + excluded.completion_tokens, "
     f"cost = {_MODEL_TALLY}.cost + excluded.cost, "
@@ -176,15 +178,8 @@ def _model_spend(data: Json) -> list[Assignment]:
     prompt = int(usage["prompt_tokens"]) if usage else 0
     completion = int(usage["completion_tokens"]) if usage else 0
     cost = Decimal(str(usage["cost"])) if usage and usage.get("cost") is not None else Decimal(0)
-    timed = 0 if latency is None else 1
-    return [(_MODEL_SPEND_UPSERT, [model, prompt, completion, cost, int(latency or 0), timed])]
-
-
-_MODEL_TALLY_UPSERT = (
-    f"INSERT INTO {_MODEL_TALLY} (day, profile_id, model, requests) "
-    "SELECT s.day, s.profile_id, %s, 1 FROM s WHERE true "
-    f"ON CONFLICT (day, profile_id, model) DO UPDATE SET requests = {_MODEL_TALLY}.requests + 1"
-)
+    timed = 0 if latency is None else 1  # a step's own request: counted, and timed
+    return [(_MODEL_SPEND_UPSERT, [model, timed, prompt, completion, cost, int(latency or 0), timed])]
 
 
 def _turn_tally(data: Json) -> list[Assignment]:
@@ -334,8 +329,6 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"step": {"type": "integer", "minimum": 1}, "model": _NONEMPTY}, ["step", "model"]),
             False,
             "A step begins; `model` is the main role's resolved spec.",
-            None,
-            lambda d: [(_MODEL_TALLY_UPSERT, [d["model"]])],
         ),
         Kind(
             "step/end",

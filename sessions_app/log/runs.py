@@ -2,8 +2,8 @@
 
 A run is a stretch of a batch that one UPDATE-then-INSERT can write: its
 events' projection updates touch distinct columns (neither backend applies
-two assignments to one column in one UPDATE) and at most one of them has
-extra writes (the usage-day upsert). Most batches are one run. The pieces
+two assignments to one column in one UPDATE) and no two of them have extra
+writes into the same table (the usage-day upsert, the metrics tallies). Most batches are one run. The pieces
 here are standard SQL shared by both backends; each backend module wraps
 them in its own statement(s).
 """
@@ -127,7 +127,7 @@ def split(
         extras = item.spec.extra(item.data) if item.spec.extra is not None else []  # noqa: S610 - the catalogue's SQL
         names = {sql.split("=", 1)[0].strip() for sql, _ in assignments}
         run = runs[-1] if runs else None
-        if run is None or names & columns or (extras and run.extras):
+        if run is None or names & columns or (_tables(extras) & _tables(run.extras)):
             run = Run(session_id, [], now, fence, guard if not runs else None)
             runs.append(run)
             columns = set()
@@ -139,3 +139,9 @@ def split(
     if runs:
         runs[-1].release = release
     return runs
+
+
+def _tables(extras: list[catalogue.Assignment]) -> set[str]:
+    """The tables some extra writes upsert into: two upserts into one table
+    in one statement may hit one row twice, which neither backend allows."""
+    return {sql.split()[2] for sql, _ in extras}
