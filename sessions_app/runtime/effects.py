@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sessions_app.log.records import LoggedEvent
-from sessions_app.models import Event
+from sessions_app.models import Event, Session
 from sessions_app.tools.base import REPLAYS, Definition, Replay
 
 State = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
@@ -240,29 +240,59 @@ def _scan(session_id: uuid.UUID | str) -> _Scan:
 def effects(session_id: uuid.UUID | str) -> list[Effect]:
     """Every attempt of the session, oldest first, with its state."""
     scan = _scan(session_id)
+    return [_effect(a, turn_seq, turn_seq in scan.turns_open, args) for a, turn_seq, _, args in scan.attempts]
+
+
+_CALL_KINDS = ("tool/attempt", "tool/result", "tool/unknown", "tool/resolved")
+
+
+def call_effects(session_id: uuid.UUID | str, call_id: str) -> list[Effect]:
+    """The attempts of one call id, oldest first: a bounded read (the call's
+    own ledger events, then two index lookups per attempt for its turn and
+    its message), where `effects` reads the session's whole ledger."""
+    rows = (
+        Event.objects.filter(session_id=session_id, kind__in=_CALL_KINDS, data__call_id=call_id)
+        .order_by("seq")
+        .values_list("seq", "kind", "data", "created_at")
+    )
+    ledger: dict[str, CallLedger] = {}
+    attempts: list[Attempt] = []
+    for seq, kind, data, created_at in rows:
+        found = _apply(ledger, LoggedEvent(seq, kind, data), at=created_at)
+        if kind == "tool/attempt" and found is not None:
+            attempts.append(found)
+    if not attempts:
+        return []
+    open_turn = Session.objects.filter(id=session_id).values_list("open_turn_seq", flat=True).first()
     out = []
-    for a, turn_seq, _, args in scan.attempts:
-        out.append(
-            Effect(
-                call_id=a.call_id,
-                tool=a.name,
-                attempt=a.number,
-                state=a.state,
-                replay=str(a.data.get("replay", "")),
-                idempotency_key=str(a.data.get("idempotency_key", "")),
-                arguments=args,
-                step=a.data.get("step"),
-                worker=str(a.data.get("worker", "")),
-                fence=int(a.data.get("fence", 0)),
-                attempted_at=a.at,
-                attempt_seq=a.seq,
-                turn_seq=turn_seq,
-                turn_open=turn_seq in scan.turns_open,
-                result=None if a.result is None else str(a.result.get("content", "")),
-                resolution=a.resolution,
-            )
-        )
+    for a in attempts:
+        before = Event.objects.filter(session_id=session_id, seq__lt=a.seq).order_by("-seq")
+        turn_seq = before.filter(kind="turn/start").values_list("seq", flat=True).first() or 0
+        message = before.filter(kind="assistant/message").values_list("data", flat=True).first() or {}
+        args = next((c["arguments"] for c in message.get("tool_calls") or [] if c["id"] == call_id), "")
+        out.append(_effect(a, turn_seq, turn_seq == open_turn, args))
     return out
+
+
+def _effect(a: Attempt, turn_seq: int, turn_open: bool, args: str) -> Effect:
+    return Effect(
+        call_id=a.call_id,
+        tool=a.name,
+        attempt=a.number,
+        state=a.state,
+        replay=str(a.data.get("replay", "")),
+        idempotency_key=str(a.data.get("idempotency_key", "")),
+        arguments=args,
+        step=a.data.get("step"),
+        worker=str(a.data.get("worker", "")),
+        fence=int(a.data.get("fence", 0)),
+        attempted_at=a.at,
+        attempt_seq=a.seq,
+        turn_seq=turn_seq,
+        turn_open=turn_open,
+        result=None if a.result is None else str(a.result.get("content", "")),
+        resolution=a.resolution,
+    )
 
 
 @dataclass(frozen=True)

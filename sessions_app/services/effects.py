@@ -19,7 +19,7 @@ from sessions_app import log
 from sessions_app.errors import EffectNotPending, InvalidInput, UnknownEffect
 from sessions_app.log.catalogue import RESOLUTIONS
 from sessions_app.runtime import dispatch
-from sessions_app.runtime.effects import Effect, effects
+from sessions_app.runtime.effects import Effect, call_effects, effects
 
 __all__ = ["MAX_REASON_CHARS", "MAX_RESULT_CHARS", "Effect", "check_resolution", "effects", "resolve"]
 
@@ -48,7 +48,7 @@ def resolve(
     if not by:
         raise InvalidInput("a resolution names its actor")
     with log.locked(session_id) as tx:
-        attempts = [e for e in effects(tx.session_id) if e.call_id == call_id]
+        attempts = call_effects(tx.session_id, call_id)  # bounded: this call's events, under the lock
         if not attempts:
             raise UnknownEffect(f"no attempt of call {call_id!r} is on record in this session")
         pending = [e for e in attempts if e.state == "unknown"]

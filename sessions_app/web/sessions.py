@@ -14,6 +14,7 @@ template (`sessions/chat.html#earlier` etc.).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -297,19 +298,13 @@ def session_resolve(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
             error, code = str(exc), exc.code
         else:
             notice = RESOLVED_NOTICES[data["action"]]
-    if getattr(request, "htmx", False):
+
+    def fragment() -> HttpResponse:
         fresh = Session.objects.filter(id=session.id).first() or session
-        response = render(
-            request, "sessions/chat.html#effects", effects_context(fresh, request.user, notice=notice, error=error)
-        )
-        if code:
-            response["X-Terret-Error"] = code
-        return response
-    if error:
-        messages.error(request, error)
-    else:
-        messages.info(request, notice)
-    return redirect("sessions:chat", session_id=session.id)
+        context = effects_context(fresh, request.user, notice=notice, error=error)
+        return render(request, "sessions/chat.html#effects", context)
+
+    return _answer(request, session, fragment, notice=notice, error=error, code=code)
 
 
 @login_required
@@ -332,9 +327,22 @@ def session_budget(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
             error, code = str(exc), exc.code
         else:
             notice = "Budget saved."
-    if getattr(request, "htmx", False):
+
+    def fragment() -> HttpResponse:
         context = budget_context(session, request.user, notice=notice, error=error, form=form if error else None)
-        response = render(request, "sessions/chat.html#budget", context)
+        return render(request, "sessions/chat.html#budget", context)
+
+    return _answer(request, session, fragment, notice=notice, error=error, code=code)
+
+
+def _answer(
+    request: HttpRequest, session: Session, fragment: Callable[[], HttpResponse], *, notice: str, error: str, code: str
+) -> HttpResponse:
+    """What a panel's form post answers: htmx gets the panel re-rendered
+    (status 200, so it swaps; `X-Terret-Error` carries an error's code), a
+    plain POST a redirect back to the chat with the message."""
+    if getattr(request, "htmx", False):
+        response = fragment()
         if code:
             response["X-Terret-Error"] = code
         return response

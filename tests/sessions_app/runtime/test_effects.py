@@ -499,3 +499,47 @@ def test_a_reused_call_id_in_a_later_step_runs_as_a_new_call(fake_llm: Any, sess
     assert [r["attempt"] for r in results(session)] == [1, 1]
     assert events(session, "turn/end") == [{"status": "completed"}]
     assert_audit(session, done=2, calls=2)
+
+
+@pytest.mark.usefixtures("manual_worker")
+def test_one_calls_bounded_read_agrees_with_the_whole_ledger(session: Session) -> None:
+    """call_effects (what a resolve reads under the row lock) gives exactly
+    the attempts the full scan gives for that call, a reused id included."""
+    sid = session.id
+    services.run_turn(sid, "first")
+    calls = [{"id": c, "name": "debug.charge", "arguments": f'{{"seconds": {n}}}'} for n, c in enumerate(["a", "b"])]
+    m1 = log.append(sid, "assistant/message", {"content": None, "tool_calls": calls}).seq
+    for c in ("a", "b"):
+        key = f"terret:{sid}:{m1}:{c}"
+        log.append(
+            sid,
+            "tool/attempt",
+            {"call_id": c, "name": "debug.charge", "attempt": 1, "idempotency_key": key, "replay": "never", "fence": 0},
+        )  # noqa: E501
+    log.append(sid, "tool/result", {"call_id": "a", "name": "debug.charge", "content": "ok", "attempt": 1})
+    log.append(sid, "tool/unknown", {"call_id": "b", "name": "debug.charge", "attempt": 1})
+    log.append(
+        sid,
+        "tool/result",
+        {"call_id": "b", "name": "debug.charge", "content": "x", "is_error": True, "attempt": 1, "via": "closing"},
+    )  # noqa: E501
+    log.append(sid, "turn/end", {"status": "cancelled"})
+    services.run_turn(sid, "second")  # the provider reuses id "a" in the next turn
+    m2 = log.append(sid, "assistant/message", {"content": None, "tool_calls": [calls[0]]}).seq
+    log.append(
+        sid,
+        "tool/attempt",
+        {
+            "call_id": "a",
+            "name": "debug.charge",
+            "attempt": 1,
+            "idempotency_key": f"terret:{sid}:{m2}:a",
+            "replay": "never",
+            "fence": 0,
+        },
+    )  # noqa: E501
+    for c in ("a", "b"):
+        assert effects.call_effects(sid, c) == [e for e in effects.effects(sid) if e.call_id == c]
+    assert [(e.state, e.turn_open) for e in effects.call_effects(sid, "a")] == [("done", False), ("in_flight", True)]
+    assert [(e.state, e.arguments) for e in effects.call_effects(sid, "b")] == [("unknown", '{"seconds": 1}')]
+    assert effects.call_effects(sid, "nope") == []
