@@ -4,6 +4,9 @@ SHELL := /bin/bash
 
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two stamps: the runtime (make run, make dist) and the development tools on
+# top of it (make test, make lint, make venv, which CI uses).
+RUN_STAMP := $(VENV)/.terret-runtime
 STAMP := $(VENV)/.terret-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -21,34 +24,41 @@ for c in $$(command -v python3.13 python3.12 2>/dev/null) /root/.pyenv/versions/
 done; exit 1
 endef
 
-.PHONY: help venv run test lint dist bench
+.PHONY: help venv run test lint dist bench chaos
 
 help:
 	@echo "make run     set up everything and start Terret at http://$(HOST):$(PORT)/ (SQLite, in-process worker)"
 	@echo "make test    set up everything and run the whole test suite (scripts/test.sh; ARGS='...' for pytest)"
 	@echo "make dist    Postgres + Redis: daphne plus WORKERS=$(WORKERS) Celery worker processes"
+	@echo "make chaos   the chaos drills on a private stack (tests/chaos, docs/chaos.md; TERRET_CHAOS_SEED=N replays)"
 	@echo "make lint    ruff check, ruff format --check, mypy, lint-imports (the layers contract)"
 	@echo "make bench   run every benchmark in bench/ (needs PostgreSQL; DATABASE_URL)"
-	@echo "make venv    create .venv with the pinned dependencies"
+	@echo "make venv    create .venv with the pinned dependencies, development tools included"
 
 # --- setup -------------------------------------------------------------------
 
 venv: $(STAMP)
 
 # Redone only when a requirements file changes. An existing .venv on Python
-# 3.12+ is kept; one on an older Python is rebuilt.
-$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+# 3.12+ is kept; one on an older Python is rebuilt. `make run` stops here:
+# the runtime dependencies only.
+$(RUN_STAMP): requirements.txt constraints.txt
 	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
 		py=$$( $(FIND_PYTHON) ) || { echo "$(NEED_PY)" >&2; exit 1; }; \
 		echo "Creating $(VENV) with $$py ($$("$$py" --version))"; \
 		rm -rf $(VENV) && "$$py" -m venv $(VENV) || { echo "$(NEED_PY)" >&2; exit 1; }; \
 	fi
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	@touch $(RUN_STAMP)
+
+# Tests, lint and benchmarks add the development tools (Playwright, mypy, ...).
+$(STAMP): $(RUN_STAMP) requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	@touch $(STAMP)
 
 # A local .env (never committed) with a random SECRET_KEY, so logins survive
 # restarts. Written once; edit it freely afterwards (see .env.example).
-.env: | $(STAMP)
+.env: | $(RUN_STAMP)
 	@echo "Writing .env (random SECRET_KEY, DEBUG=1; see .env.example for the rest)"
 	@umask 077 && { \
 		echo "# Written by 'make run'. Settings: see .env.example."; \
@@ -60,10 +70,12 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 
 # The embedded default: SQLite file in var/, in-memory channel layer, turns
 # run by a thread pool inside the daphne process.
-run: $(STAMP) .env
+run: $(RUN_STAMP) .env
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	@echo "Terret: http://$(HOST):$(PORT)/   admin: http://$(HOST):$(PORT)/admin/   (Ctrl-C stops)"
+	@echo "Sign in at http://$(HOST):$(PORT)/accounts/login/ as the admin user above (README: 'Try it')."
+	@echo "Lost the admin password? $(PY) manage.py changepassword $${TERRET_ADMIN_USER:-admin}"
 	exec $(VENV)/bin/daphne -b $(HOST) -p $(PORT) terret_site.asgi:application
 
 # The distributed setup: PostgreSQL and Redis from DATABASE_URL and REDIS_URL
@@ -75,7 +87,7 @@ run: $(STAMP) .env
 # .env), through plain python: `manage.py shell` prints extra lines.
 SETTING = DJANGO_SETTINGS_MODULE=terret_site.settings $(PY) -c "from django.conf import settings as s; print($(1))"
 
-dist: $(STAMP) .env
+dist: $(RUN_STAMP) .env
 	@[ "$$($(call SETTING,bool(s.IS_POSTGRES and s.REDIS_URL and s.TERRET_WORKER == 'celery')))" = True ] || { \
 		echo "make dist needs DATABASE_URL=postgres://... and REDIS_URL=redis://... (environment or .env)," \
 			"and TERRET_WORKER unset or celery" >&2; exit 1; }
@@ -97,6 +109,15 @@ dist: $(STAMP) .env
 
 test: $(STAMP)
 	scripts/test.sh $(ARGS)
+
+# The chaos drills (docs/chaos.md): their own pass, never part of `make
+# test`. They bring their own PostgreSQL, Redis, daphne and workers
+# (tests/stack.py); the test process itself needs no service, so it runs on
+# a SQLite URL that no drill opens (set explicitly: a developer's .env must
+# not redirect it).
+chaos: $(STAMP)
+	DATABASE_URL=sqlite:///$(CURDIR)/var/terret-chaos.sqlite3 REDIS_URL= TERRET_TESTING=1 TERRET_WORKER= \
+		$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(ARGS)
 
 # mypy's Django plugin imports the settings, which want a SECRET_KEY.
 # lint-imports checks the layers contract in pyproject.toml (docs/architecture.md).

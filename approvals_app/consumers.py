@@ -7,6 +7,10 @@ out-of-band swap (web/present.queue_fragment); several changes arriving
 together are coalesced into one, and it refreshes every REFRESH_SECONDS too,
 since hints can be lost. Hints carry no call data.
 
+With `?count=1` it sends `{"type": "pending", "count": N}` instead (on
+connect, then on the same hints and refreshes): the navigation bar's live
+count on every page (static/js/terret-approvals.js).
+
 Access is checked when connecting and again on every frame either way: a
 client frame (this socket takes no commands) and every hint sent. A user who
 stops being an active reviewer, signs out or whose token is revoked is
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from approvals_app.listeners import GROUP
+from approvals_app.selectors import pending_count
 from sessions_app.api.errors import Unauthenticated
 from sessions_app.errors import NotAllowed, TerretError
 from sessions_app.log import hints
@@ -48,6 +54,14 @@ def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) 
     return queue_fragment(user)
 
 
+def count_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
+    """The count frame, or None when the user may no longer follow the queue."""
+    user = live_user(user_id, token_id, session_key)
+    if user is None or not is_reviewer(user):
+        return None
+    return json.dumps({"type": "pending", "count": pending_count(user)})
+
+
 def _error(exc: TerretError) -> str:
     return json.dumps({"type": "error", "code": exc.code, "message": str(exc)})
 
@@ -61,6 +75,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         self.flush: asyncio.Task[None] | None = None
         self.refresh: asyncio.Task[None] | None = None
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        self.count_only = query.get("count") == ["1"]
         await self.accept()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -74,6 +90,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(GROUP, self.channel_name)
         self.joined = True
         self.refresh = asyncio.create_task(self._refresh_every())
+        if self.count_only:
+            await self._send_queue()  # the count may have moved since the page was rendered
 
     async def disconnect(self, code: int) -> None:
         for task in (self.flush, getattr(self, "refresh", None)):
@@ -103,7 +121,8 @@ class ApprovalsConsumer(AsyncWebsocketConsumer):
             await self._send_queue()
 
     async def _send_queue(self) -> None:
-        html = await database_sync_to_async(queue_for_user)(self.user_id, self.token_id, self.session_key)
+        render = count_for_user if self.count_only else queue_for_user
+        html = await database_sync_to_async(render)(self.user_id, self.token_id, self.session_key)
         if html is None:
             await self._refuse(NotAllowed("you may no longer follow the approval queue"), 4403)
             return

@@ -11,11 +11,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from approvals_app.selectors import approval_records
+from approvals_app.selectors import approval_records, auto_approved
 from sessions_app import log
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Event
-from sessions_app.runtime.hooks import GateDecision
+from sessions_app.runtime.hooks import CallContext, GateDecision
 from sessions_app.tools.base import Definition
 
 
@@ -38,6 +38,7 @@ def check(
     args: Any,
     *,
     after_seq: int = 0,
+    ctx: CallContext | None = None,
 ) -> GateDecision:
     """run: go ahead; deny: a recorded denial; park: asked, no verdict yet;
     ask: append approval/requested (see `request`), then park.
@@ -45,6 +46,11 @@ def check(
     `events` are the open turn's; `after_seq` is the seq of the assistant
     message that made the call, so a request (and its verdict) made for an
     earlier call that happened to reuse the id and arguments does not count.
+
+    An approval binds to the request (call id, tool, the model's arguments);
+    when the reviewer edited the arguments, `run` carries them (`args`) and
+    they, not the model's, are what runs. `ctx` (the runner's, with the
+    policy in force) lets a session's "allow this tool" waiver apply.
     """
     if not needs_approval(defn, overrides):
         return GateDecision("run")
@@ -57,12 +63,22 @@ def check(
         # leave pending_approvals counting a request nobody can decide).
         if any(r.open for r in records):
             return GateDecision("park")
+        if _waived(ctx, defn):
+            return GateDecision("run")
         return GateDecision("ask")
     if record.verdict is None:
         return GateDecision("park")
     if record.verdict.verdict == "approve":
-        return GateDecision("run")
+        return GateDecision("run", args=record.verdict.edited_args)
     return GateDecision("deny", record.verdict.reason or "denied by reviewer")
+
+
+def _waived(ctx: CallContext | None, defn: Definition) -> bool:
+    """Has a reviewer allowed this tool for the rest of the session? Judged by
+    the policy in force as of the runner's commit right before the veto."""
+    if ctx is None or not ctx.policy_known:
+        return False
+    return auto_approved(ctx.session_id, ctx.policy_seq, defn.name)
 
 
 def request(session_id: uuid.UUID, fence: log.Fence | None, call_id: str, name: str, args: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, Sum
 
 from sessions_app.log.reads import LoggedEvent
 from sessions_app.models import Event, Session
@@ -50,6 +50,8 @@ class Verdict:
     reason: str
     by: str = ""
     seq: int = 0
+    # approve: the arguments the reviewer approved instead of the model's (None: as asked).
+    edited_args: dict[str, Any] | None = None
 
 
 @dataclass
@@ -93,7 +95,9 @@ def approval_records(events: list[LoggedEvent]) -> list[ApprovalRecord]:
         elif e.kind == "approval/resolved":
             settled = unsettled.pop(e.data["call_id"], None)
             if settled is not None:
-                settled.verdict = Verdict(e.data["verdict"], e.data.get("reason", ""), e.data.get("by", ""), e.seq)
+                settled.verdict = Verdict(
+                    e.data["verdict"], e.data.get("reason", ""), e.data.get("by", ""), e.seq, e.data.get("edited_args")
+                )
     return records
 
 
@@ -150,6 +154,8 @@ class QueueItem:
     args: dict[str, Any]
     seq: int
     requested_at: datetime
+    # The text of the assistant message that made the call ("" when it had none).
+    assistant_text: str = ""
 
     @property
     def args_pretty(self) -> str:
@@ -163,6 +169,16 @@ class Queue:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def pending_count(user: Any) -> int:
+    """How many calls wait for `user`'s verdict across the sessions they may
+    decide (the navigation bar's count): one aggregate over the
+    pending_approvals projection, which the append transaction keeps."""
+    if not is_reviewer(user):
+        return 0
+    waiting = visible_sessions(user, Session.objects.all()).filter(pending_approvals__gt=0, open_turn_seq__isnull=False)
+    return int(waiting.aggregate(n=Sum("pending_approvals"))["n"] or 0)
 
 
 def queue_for(user: Any, *, session_cap: int = QUEUE_SESSION_CAP, item_cap: int = QUEUE_ITEM_CAP) -> Queue:
@@ -189,8 +205,11 @@ def queue_for(user: Any, *, session_cap: int = QUEUE_SESSION_CAP, item_cap: int 
     for sid, seq, kind, data, at in rows:
         grouped.setdefault(sid, []).append(LoggedEvent(seq, kind, data))
         stamps[(sid, seq)] = at
+    said = _assistant_texts(list(by_id))
     items = [
-        QueueItem(sid, by_id[sid]["title"], p.call_id, p.name, p.args, p.seq, stamps[(sid, p.seq)])
+        QueueItem(
+            sid, by_id[sid]["title"], p.call_id, p.name, p.args, p.seq, stamps[(sid, p.seq)], _said(said, sid, p.seq)
+        )
         for sid, events in grouped.items()
         for p in pending_from_events(events)
     ]
@@ -216,6 +235,59 @@ def with_times(session_id: uuid.UUID, title: str, calls: list[PendingCall]) -> l
     stamps = dict(
         Event.objects.filter(session_id=session_id, seq__in=[c.seq for c in calls]).values_list("seq", "created_at")
     )
+    said = _assistant_texts([session_id])
     return [
-        QueueItem(session_id, title, c.call_id, c.name, c.args, c.seq, stamps[c.seq]) for c in calls if c.seq in stamps
+        QueueItem(session_id, title, c.call_id, c.name, c.args, c.seq, stamps[c.seq], _said(said, session_id, c.seq))
+        for c in calls
+        if c.seq in stamps
     ]
+
+
+# What the reviewer reads of the message that made a call: enough to judge
+# it, not a whole essay (the session page has the rest).
+ASSISTANT_TEXT_CHARS = 1200
+
+
+def _assistant_texts(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[tuple[int, str]]]:
+    """The open turns' assistant messages of these sessions, (seq, text) in
+    seq order: one query, bounded by the open turns (as the queue's own read)."""
+    rows = (
+        Event.objects.filter(session_id__in=session_ids, kind="assistant/message", seq__gte=F("session__open_turn_seq"))
+        .order_by("session_id", "seq")
+        .values_list("session_id", "seq", "data__content")
+    )
+    found: dict[uuid.UUID, list[tuple[int, str]]] = {}
+    for sid, seq, content in rows:
+        text = content if isinstance(content, str) else ""
+        found.setdefault(sid, []).append((seq, text[:ASSISTANT_TEXT_CHARS]))
+    return found
+
+
+def _said(texts: dict[uuid.UUID, list[tuple[int, str]]], session_id: uuid.UUID, request_seq: int) -> str:
+    """The text that led to the call: the message that made it, or, when that
+    one carried only calls, the turn's last assistant text before it."""
+    before = [text for seq, text in texts.get(session_id, []) if seq < request_seq and text.strip()]
+    return before[-1] if before else ""
+
+
+# ---------------------------------------------------------------- per-session waivers
+
+
+def auto_approved(session_id: uuid.UUID | str, policy_seq: int | None, tool: str) -> bool:
+    """Does the session's policy in force (the policy/updated at `policy_seq`)
+    let `tool` run without asking? Set by "approve and allow for this session"
+    (approvals_app.services.decide, policies_app.services.allow_without_approval)."""
+    return tool in waived_tools(session_id, policy_seq)
+
+
+def waived_tools(session_id: uuid.UUID | str, policy_seq: int | None) -> list[str]:
+    """The tools the policy/updated at `policy_seq` lets run without asking."""
+    if policy_seq is None:
+        return []  # the profile's floor waives nothing
+    data = (
+        Event.objects.filter(session_id=session_id, seq=policy_seq, kind="policy/updated")
+        .values_list("data", flat=True)
+        .first()
+    )
+    names = (data or {}).get("auto_approve") or []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []

@@ -86,14 +86,22 @@ def inline_fragment(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     origin = "inline" if request.POST.get("from") == "inline" else "queue"
     notice = error = code = ""
+    # "approve_session": approve, and allow this tool for the rest of the session.
+    verdict = request.POST.get("verdict", "")
+    allow = verdict == "approve_session"
+    verdict = "approve" if allow else verdict
     try:
+        # The edit box is posted with every button; a denial ignores it.
+        edited = services.parse_edited_args(request.POST.get("edited_args")) if verdict == "approve" else None
         event = services.decide(
             session_id,
             request.POST.get("call_id", ""),
-            request.POST.get("verdict", ""),
+            verdict,
             user=request.user,
             reason=request.POST.get("reason", ""),
             request_seq=request.POST.get("seq") or None,
+            edited_args=edited,
+            allow_for_session=allow,
         )
     except UnknownSession:
         raise Http404("no such session") from None
@@ -102,7 +110,7 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     except TerretError as exc:
         error, code = str(exc), exc.code
     else:
-        notice = "Approved." if event.data["verdict"] == "approve" else "Denied."
+        notice = _notice(event.data, allow)
     if getattr(request, "htmx", False):
         response = _fragment(request, origin, session_id, notice=notice, error=error)
         if code:
@@ -113,6 +121,13 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     else:
         messages.success(request, notice)
     return redirect(_next_url(request, origin))
+
+
+def _notice(data: dict[str, object], allowed: bool) -> str:
+    if data["verdict"] != "approve":
+        return "Denied."
+    notice = "Approved with your edits." if "edited_args" in data else "Approved."
+    return notice + (" The tool no longer asks in this session." if allowed else "")
 
 
 def _fragment(request: HttpRequest, origin: str, session_id: uuid.UUID, *, notice: str, error: str) -> HttpResponse:

@@ -10,11 +10,12 @@ import uuid
 from typing import Any
 
 from policies_app.patterns import validate_patterns
+from policies_app.selectors import current_policy
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAllowed, UnknownSession
 from sessions_app.log import AppendedEvent
-from sessions_app.models import Session
-from sessions_app.permissions import can_drive
+from sessions_app.models import Event, Session
+from sessions_app.permissions import can_approve, can_drive
 
 
 def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> AppendedEvent:
@@ -35,4 +36,63 @@ def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> A
     if not can_drive(user, session):
         raise NotAllowed("only the session's owner or staff may change its policy")
     clean = validate_patterns(patterns)
-    return log.append(sid, "policy/updated", {"patterns": clean, "by": user.get_username()})
+    with log.locked(sid) as tx:
+        data: dict[str, Any] = {"patterns": clean, "by": user.get_username()}
+        waived = _waived_tools(tx)
+        if waived:
+            data["auto_approve"] = waived  # a new allow-list keeps the reviewers' waivers
+        return tx.append("policy/updated", data)
+
+
+def _waived_tools(tx: log.SessionTx) -> list[str]:
+    """The tools the policy in force lets run without asking (read under the row lock)."""
+    seq = tx.row["policy_seq"]
+    if seq is None:
+        return []
+    data = Event.objects.filter(session_id=tx.session_id, seq=seq).values_list("data", flat=True).first() or {}
+    names = data.get("auto_approve") or []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def ask_again(session_id: uuid.UUID | str, tool: Any, *, user: Any) -> AppendedEvent:
+    """Undo a reviewer's "allow for this session": `tool` asks for approval
+    again from the next call (owner, staff, or a reviewer of the session).
+    InvalidInput when the tool is not waived; nothing is appended then."""
+    try:
+        sid = uuid.UUID(str(session_id))
+    except ValueError:
+        raise InvalidInput("session id must be a UUID") from None
+    if not (user and user.is_authenticated):
+        raise NotAllowed("sign in to change a session's policy")
+    session = Session.objects.filter(id=sid).only("id", "owner_id").first()
+    if session is None:
+        raise UnknownSession(f"no session {sid}")
+    if not (can_drive(user, session) or can_approve(user, session)):
+        raise NotAllowed("only the session's owner, staff or a reviewer may make a tool ask again")
+    with log.locked(sid) as tx:
+        waived = _waived_tools(tx)
+        if not isinstance(tool, str) or tool not in waived:
+            raise InvalidInput(f"{str(tool)[:100]!r} already asks for approval in this session")
+        policy = current_policy(sid, known_seq=tx.row["policy_seq"])
+        data: dict[str, Any] = {"patterns": list(policy.patterns), "by": user.get_username()}
+        rest = [n for n in waived if n != tool]
+        if rest:
+            data["auto_approve"] = rest
+        return tx.append("policy/updated", data)
+
+
+def allow_without_approval(tx: log.SessionTx, tool: str, *, by: str) -> AppendedEvent:
+    """Within `tx` (the caller holds the row lock, e.g. a reviewer's verdict):
+    append the policy in force again with `tool` added to the tools that run
+    without asking for the rest of the session. The allow-list is unchanged;
+    a session still on its profile's floor gets the floor as its own list.
+    """
+    seq = tx.row["policy_seq"]
+    policy = current_policy(tx.session_id, known_seq=seq)
+    if policy.source == "closed":
+        raise InvalidInput("the session's policy cannot be read, so no tool can be allowed for it")
+    waived = _waived_tools(tx)
+    if tool not in waived:
+        waived.append(tool)
+    data = {"patterns": list(policy.patterns), "by": by, "auto_approve": waived}
+    return tx.append("policy/updated", data)

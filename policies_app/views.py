@@ -2,6 +2,8 @@
 
 Anyone who may view the session sees its patterns and their history; only
 its owner and staff may change them (sessions_app.permissions.can_drive).
+It also lists the tools a reviewer allowed to run without asking for the
+rest of the session, each with "Ask again" (owner, staff, reviewers).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from approvals_app.selectors import waived_tools
 from policies_app import services
 from policies_app.patterns import MAX_PATTERNS, parse_lines
 from policies_app.selectors import current_policy, history
 from sessions_app.errors import InvalidPattern, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
-from sessions_app.permissions import can_drive, can_view
+from sessions_app.permissions import can_approve, can_drive, can_view
 
 TEMPLATE = "policies/editor.html"
 MAX_EDITOR_CHARS = 50_000
@@ -34,6 +37,8 @@ def editor(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         raise Http404("no such session")
     if request.method == "GET":
         return _render(request, session)
+    if "ask_again" in request.POST:
+        return _ask_again(request, session)
     if not can_drive(request.user, session):
         raise PermissionDenied("only the session's owner or staff may change its policy")
     text = request.POST.get("patterns", "")
@@ -58,6 +63,23 @@ def editor(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     return redirect("policies:editor", session_id=session.id)
 
 
+def _ask_again(request: HttpRequest, session: Session) -> HttpResponse:
+    """A waived tool asks for approval again (policies_app.services.ask_again)."""
+    error = ""
+    try:
+        services.ask_again(session.id, request.POST.get("ask_again", ""), user=request.user)
+    except NotAllowed as exc:
+        raise PermissionDenied(str(exc)) from None
+    except TerretError as exc:
+        error = str(exc)
+    htmx = bool(getattr(request, "htmx", False))
+    notice = "" if error else "That tool asks for approval again from its next call."
+    if htmx or error:
+        return _render(request, session, error=error, notice=notice, status=200 if htmx else 400, fragment=htmx)
+    messages.success(request, notice)
+    return redirect("policies:editor", session_id=session.id)
+
+
 def _render(
     request: HttpRequest,
     session: Session,
@@ -76,6 +98,8 @@ def _render(
         "text": "\n".join(policy.patterns) if text is None else text,
         "history": history(session.id),
         "can_edit": can_drive(request.user, session),
+        "waived": waived_tools(session.id, policy.seq) if policy.source == "session" else [],
+        "can_unwaive": can_drive(request.user, session) or can_approve(request.user, session),
         "error": error,
         "notice": notice,
         "max_patterns": MAX_PATTERNS,

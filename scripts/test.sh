@@ -12,6 +12,9 @@
 # Pass 3, only when PostgreSQL is down and Redis is up: the Redis tests
 #   that need no PostgreSQL, against SQLite.
 #
+# No pass runs the chaos drills (marker `chaos`, tests/chaos): they are
+# their own pass, `make chaos` (docs/chaos.md).
+#
 # A missing service is reported in a banner naming the tests it kept from
 # running. In CI (CI=true) nothing may be skipped: TERRET_NO_SKIP=1 turns
 # every service skip into a failure, and a missing service fails the run.
@@ -121,7 +124,7 @@ run_pass() {
 if ((have_pg)); then
     redis_env=REDIS_URL= redis_name="no Redis"
     if ((have_redis)); then redis_env=REDIS_URL=$RD_URL redis_name="Redis ($RD_URL)"; fi
-    PYTEST_ARGS=("$@")
+    PYTEST_ARGS=(-m "not chaos" "$@")
     run_pass "pass 1: PostgreSQL ($PG_URL), $redis_name" DATABASE_URL="$PG_URL" "$redis_env"
 else
     results+=("pass 1: PostgreSQL: NOT RUN (no PostgreSQL)")
@@ -130,13 +133,13 @@ fi
 # The SQLite URL is explicit (not unset) for the same .env reason as above.
 sqlite_url=sqlite:///$PWD/var/terret-test.sqlite3
 if ((have_pg)); then
-    PYTEST_ARGS=(-m "not postgres and not redis and not worker and not browser" "$@")
+    PYTEST_ARGS=(-m "not postgres and not redis and not worker and not browser and not chaos" "$@")
     run_pass "pass 2: SQLite, embedded path" DATABASE_URL="$sqlite_url" REDIS_URL=
 else
-    PYTEST_ARGS=("$@")
+    PYTEST_ARGS=(-m "not chaos" "$@")
     run_pass "pass 2: SQLite, whole suite (service-bound tests skip)" DATABASE_URL="$sqlite_url" REDIS_URL=
     if ((have_redis)); then
-        PYTEST_ARGS=(-m "redis and not postgres and not worker" "$@")
+        PYTEST_ARGS=(-m "redis and not postgres and not worker and not chaos" "$@")
         run_pass "pass 3: SQLite with Redis ($RD_URL)" DATABASE_URL="$sqlite_url" REDIS_URL="$RD_URL"
     fi
 fi

@@ -16,10 +16,10 @@ from sessions_app import services
 from sessions_app.api.auth import revoke
 from sessions_app.errors import AgentBusy, InvalidInput, TerretError
 from sessions_app.log.catalogue import CATALOGUE
-from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Session
+from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Schedule, Session
 from sessions_app.permissions import can_drive, is_operator
 from sessions_app.runtime.profiles import check_profile
-from sessions_app.services import operators
+from sessions_app.services import operators, schedules
 from sessions_app.services.usage import check_session
 from sessions_app.web.dashboard import compact_outcome
 from sessions_app.web.present import status_label
@@ -92,9 +92,15 @@ class AgentProfileForm(ProfileChecks):
             "daily_tokens",
             "daily_steps",
             "daily_turns",
+            "max_schedules",
+            "min_schedule_seconds",
+            "schedule_pause_after",
             "created_at",
         ]
         help_texts = {
+            "max_schedules": "Pending or paused schedules one session may hold (0: none).",
+            "min_schedule_seconds": "The shortest recurrence a schedule of this profile may have.",
+            "schedule_pause_after": "A schedule pauses itself after this many runs in a row without progress.",
             "daily_cost_usd": "The profile's budget per UTC day over all its sessions, in USD (blank: no limit).",
             "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit).",
             "daily_steps": "Model steps per UTC day (blank: no limit).",
@@ -374,3 +380,39 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tokens are issued by `manage.py create_api_token`, which shows the token once
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin[Schedule]):
+    """Schedules, read-only: made through the session page, the API or the
+    agent's tool (each logs schedule/created); cancelled with the action,
+    which logs schedule/cancelled with the admin's name."""
+
+    list_display = ["id", "session", "status", "due_at", "every_seconds", "cron", "runs", "created_by"]
+    list_filter = ["status", "misfire"]
+    search_fields = ["reason", "text"]
+    list_select_related = ["session"]
+    actions = ["cancel_selected"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a deleted row would leave its schedule/created unanswered: cancel it
+
+    @admin.action(description="Cancel selected schedules")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        by = request.user.get_username()
+        done = 0
+        for sid, session_id in list(queryset.values_list("id", "session_id")[:200]):
+            try:
+                schedules.cancel(session_id, sid, by=by, reason="cancelled in the admin")
+            except TerretError as exc:
+                self.message_user(request, f"{sid}: not cancelled: {exc}", messages.WARNING)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"Cancelled {done} schedule(s).", messages.SUCCESS)

@@ -13,8 +13,9 @@ class SessionsAppConfig(AppConfig):
         # registry is still loading, before any module that touches models
         # can be imported.
         from sessions_app.runtime import hooks
-        from sessions_app.services import compaction
+        from sessions_app.services import compaction, schedules
         from sessions_app.services.post_turn import post_turn
 
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
+        schedules.register_agent_tools()

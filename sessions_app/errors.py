@@ -172,6 +172,35 @@ class EffectNotPending(TerretError):
     status = 409
 
 
+# -- input lanes and schedules
+
+
+class UnknownInput(TerretError):
+    """No input of this session has this seq (an input/queued, input/deferred, or a turn-opening message)."""
+
+    code = "unknown_input"
+    status = 404
+
+
+class InputConsumed(TerretError):
+    """The input was already taken into the transcript: a consumed observation cannot be withdrawn."""
+
+    code = "input_consumed"
+    status = 409
+
+
+class UnknownSchedule(TerretError):
+    code = "unknown_schedule"
+    status = 404
+
+
+class ScheduleLimit(TerretError):
+    """The profile bounds how many schedules a session may hold and how often one may recur."""
+
+    code = "schedule_limit"
+    status = 422
+
+
 # -- policies
 
 
@@ -191,3 +220,21 @@ class SummarizerNotConfigured(TerretError):
 class SummarizerFailed(TerretError):
     code = "summarizer_failed"
     status = 502
+
+
+# -- forks
+
+
+class InvalidForkPoint(TerretError):
+    """A fork was asked at a seq that is no fork point (inside a step, past
+    the head, inside a fork's seed). `before` / `after` are the nearest fork
+    points on either side (None: there is none yet), named in the message."""
+
+    code = "invalid_fork_point"
+    status = 422
+
+    def __init__(self, message: str, *, at_seq: int, before: int | None, after: int | None) -> None:
+        super().__init__(message)
+        self.at_seq = at_seq
+        self.before = before
+        self.after = after

@@ -50,6 +50,17 @@ class AgentProfile(models.Model):
     context_windows = models.JSONField(
         default=dict, blank=True, help_text='Context window in tokens per model role, e.g. {"main": 128000}'
     )
+    # Scheduled wake-ups (runtime/schedules.py): how many live schedules one
+    # session may hold, the shortest recurrence, and after how many
+    # consecutive runs without progress a schedule pauses itself.
+    max_schedules = models.PositiveIntegerField(default=20)
+    min_schedule_seconds = models.PositiveIntegerField(default=60)
+    schedule_pause_after = models.PositiveIntegerField(default=3)
+    # ["main"]: the model roles whose model takes images; a tool's images go
+    # to those as image parts, to every other role as a text description.
+    image_roles = models.JSONField(
+        default=list, blank=True, help_text='Model roles whose model accepts images, e.g. ["main"]'
+    )
     summarizer = models.CharField(max_length=16, choices=SUMMARIZER_CHOICES, default="role")
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -129,6 +140,17 @@ class Session(models.Model):
     # turn is cancelled, tools are denied and input is refused until restored).
     suspended_seq = models.BigIntegerField(null=True, blank=True)
     revoked_seq = models.BigIntegerField(null=True, blank=True)
+    # Set when the owner archives the session (services.archive_session):
+    # hidden from the session list, its agent disposed; the log stays.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    # The later lanes (input/deferred: follow-ups and passive writes), which
+    # wait for a turn boundary instead of riding the running turn: the newest
+    # one's seq, the cursor a turn's opening has taken them in to (a prefix:
+    # see runtime/admission.py), and the follow-ups still waiting, so the
+    # sweep can find an idle session owed a turn without reading the log.
+    deferred_seq = models.BigIntegerField(default=0)
+    deferred_cursor = models.BigIntegerField(default=0)
+    queued_follow_ups = models.IntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -142,6 +164,25 @@ class Session(models.Model):
             # appends leave alone, so those stay HOT.
             models.Index(fields=["waiting_seq"], condition=models.Q(waiting_seq__isnull=False), name="session_waiting"),
             models.Index(fields=["held_seq"], condition=models.Q(held_seq__isnull=False), name="session_held"),
+            # Sessions with a follow-up waiting (the sweep's owed()): partial, and
+            # only follow-ups and their placements write the column.
+            models.Index(
+                fields=["queued_follow_ups"], condition=models.Q(queued_follow_ups__gt=0), name="session_owed"
+            ),
+            # Open turns, apart: the sweep reads only those not parked on an
+            # approval, the approvals badge only those that are, so neither
+            # scans the idle sessions (docs/scaling.md). Only turn/start,
+            # turn/end and approvals write these columns: the rest stay HOT.
+            models.Index(
+                fields=["open_turn_seq"],
+                condition=models.Q(open_turn_seq__isnull=False, pending_approvals=0),
+                name="session_open_turn",
+            ),
+            models.Index(
+                fields=["pending_approvals"],
+                condition=models.Q(open_turn_seq__isnull=False, pending_approvals__gt=0),
+                name="session_parked",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -234,6 +275,66 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid} ({self.key})"
+
+
+class Schedule(models.Model):
+    """A host-owned request to wake a session at a bounded time (seed 003's
+    wake-up record). Firing it is an ordinary follow-up input plus a
+    schedule/fired event in the session log (runtime/schedules.py); the row
+    holds what the log does not: the next due time, runs, the last outcome."""
+
+    STATUSES = ("pending", "claimed", "completed", "skipped", "failed", "cancelled", "paused")
+    MISFIRES = ("skip", "run_once", "reschedule")
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="schedules")
+    # The next due time; None once the schedule will not fire again.
+    due_at = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=200, blank=True)
+    text = models.TextField()
+    every_seconds = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=120, blank=True)
+    misfire = models.CharField(max_length=16, choices=[(m, m) for m in MISFIRES], default="run_once")
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=0)
+    # Tokens the turns it started may spend in all (None: no limit of its own).
+    budget_tokens = models.BigIntegerField(null=True, blank=True)
+    spent_tokens = models.BigIntegerField(default=0)
+    # NULL, not "": the per-session uniqueness applies only to schedules that have a key.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    status = models.CharField(max_length=16, choices=[(s, s) for s in STATUSES], default="pending")
+    status_reason = models.CharField(max_length=300, blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    # {"outcome": "ran" | "late" | "skipped", "at", "due_at", "late_seconds", "reason"}
+    last_outcome = models.JSONField(null=True, blank=True)
+    skipped = models.PositiveIntegerField(default=0)
+    # The input/deferred seq of its latest firing (coalescing, progress), and
+    # whether that run's outcome has been counted yet.
+    last_input_seq = models.BigIntegerField(null=True, blank=True)
+    last_run_counted = models.BooleanField(default=True)
+    no_progress = models.PositiveIntegerField(default=0)
+    # Bumped by every claim: a write about the schedule names the generation it read.
+    generation = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["due_at", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="schedule_session_key_uniq",
+            )
+        ]
+        indexes = [
+            # The claim's scan: only pending schedules, by due time.
+            models.Index(fields=["due_at"], condition=models.Q(status="pending"), name="schedule_due"),
+            models.Index(fields=["session", "status"], name="schedule_session_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.reason or self.text[:40]} ({self.status})"
 
 
 class InputReceipt(models.Model):

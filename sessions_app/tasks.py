@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import connection
 
 from sessions_app.llm import openai
-from sessions_app.runtime import counters, lifecycle, liveness
+from sessions_app.runtime import counters, lifecycle, liveness, schedules
 from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.outcomes import Outcome
@@ -120,6 +120,7 @@ def _start_sweeper(**_: Any) -> None:
     # serialized by the session lease.
     _start_liveness()  # idempotent: worker_init normally did it
     threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()
+    schedules.start_clock()  # due schedules, claimed with SKIP LOCKED (runtime/schedules.py)
 
 
 @worker_shutting_down.connect

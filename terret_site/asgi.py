@@ -29,6 +29,8 @@ application = ProtocolTypeRouter(
 from django.conf import settings  # noqa: E402
 
 if settings.TERRET_WORKER == "inprocess":
-    from sessions_app.runtime import inprocess
+    from sessions_app.runtime import inprocess, schedules
 
     inprocess.start_sweeper()
+    # Due schedules are this process's to fire too (runtime/schedules.py).
+    schedules.start_clock(lambda: settings.TERRET_WORKER == "inprocess")

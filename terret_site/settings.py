@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "ninja",  # its Swagger UI at /api/docs then loads from static files, not a CDN
     "sessions_app",
     "approvals_app",
     "policies_app",
@@ -63,6 +64,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside CSRF and everything else: any error answer under /api/ becomes JSON.
+    "sessions_app.api.middleware.JsonApiErrorsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -70,6 +73,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A view's PermissionDenied gets the styled 403 page, without a logged traceback.
+    "sessions_app.web.errors.QuietForbiddenMiddleware",
     # Innermost, so it sees the view's exceptions (lazy session and user loads included).
     "terret_site.middleware.DatabaseOutageMiddleware",
 ]
@@ -199,6 +204,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 TERRET_MAX_AGENTS = env_int("TERRET_MAX_AGENTS", 128, minimum=1)
 TERRET_LEASE_SECONDS = env_float("TERRET_LEASE_SECONDS", 30.0, minimum=0.5)
 TERRET_SWEEP_SECONDS = env_float("TERRET_SWEEP_SECONDS", 15.0, minimum=0.2)
+# Scheduled wake-ups (runtime/schedules.py): how often each worker's clock
+# looks for due schedules, and how late a due time may be before its
+# schedule's misfire policy applies (the workers were down).
+TERRET_SCHEDULE_POLL_SECONDS = env_float("TERRET_SCHEDULE_POLL_SECONDS", 0.5, minimum=0.05)
+TERRET_SCHEDULE_GRACE_SECONDS = env_float("TERRET_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0.0)
 TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
 TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})
 TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KEY") or ""
@@ -251,6 +261,9 @@ TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 
 # A bearer token that may scrape /metrics besides a staff session (unset: staff only;
 # terret_site/metrics.py, docs/metrics.md).
 TERRET_METRICS_TOKEN = env_str("TERRET_METRICS_TOKEN", "") or ""
+# Origins (scheme://host[:port], comma-separated; "*" for any) whose pages may call the
+# LangGraph-compatible door /lg/ from a browser (CORS; sessions_app/lg/views.py, docs/langgraph.md).
+TERRET_LG_CORS_ORIGINS = env_list("TERRET_LG_CORS_ORIGINS", [])
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
 MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
 

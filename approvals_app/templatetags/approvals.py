@@ -8,8 +8,9 @@ from typing import Any
 
 from django import template
 
-from approvals_app.selectors import PendingCall, QueueItem, inline_for, with_times
-from sessions_app.permissions import can_approve
+from approvals_app.selectors import PendingCall, QueueItem, inline_for, pending_count, with_times
+from sessions_app.permissions import can_approve, is_reviewer
+from sessions_app.web.socket_paths import socket_url
 
 register = template.Library()
 
@@ -34,3 +35,16 @@ def can_decide(context: template.Context, session: Any) -> bool:
 @register.filter
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@register.inclusion_tag("approvals/nav.html", takes_context=True)
+def approvals_nav(context: template.Context) -> dict[str, Any]:
+    """The navigation bar's Approvals link with the count of calls waiting,
+    for reviewers (nothing for anyone else). Kept live by
+    static/js/terret-approvals.js over /ws/approvals/?count=1, which also puts
+    the count in the tab's title."""
+    request = context.get("request")
+    user = request.user if request is not None else context.get("user")
+    if user is None or not is_reviewer(user):
+        return {"show": False}
+    return {"show": True, "count": pending_count(user), "socket": socket_url("approvals") + "?count=1"}

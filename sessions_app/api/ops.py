@@ -34,8 +34,9 @@ from sessions_app.log.reads import blocked_info, events_page, usage, waiting_inf
 from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive, can_resolve, can_view, is_operator, owner_may_resolve
 from sessions_app.services import budgets as budget_services
-from sessions_app.services import compaction, operators
+from sessions_app.services import compaction, inputs, operators, schedules
 from sessions_app.services import effects as effect_services
+from sessions_app.services import forks as fork_services
 
 Need = Literal["view", "drive", "approve", "resolve"]
 
@@ -186,21 +187,83 @@ def budget_state(session_id: uuid.UUID) -> dict[str, Any]:
 
 
 def inject(
-    user: Any, session_id: Any, text: str, wake: bool = True, idempotency_key: str | None = None
+    user: Any,
+    session_id: Any,
+    text: str,
+    wake: bool = True,
+    idempotency_key: str | None = None,
+    *,
+    lane: Any = None,
+    multitask_strategy: Any = None,
 ) -> dict[str, Any]:
     session = session_for(user, session_id, "drive")
-    receipt = services.inject(session.id, text, wake=wake, by=_by(user), idempotency_key=idempotency_key)
+    receipt = services.inject(
+        session.id,
+        text,
+        wake=wake,
+        by=_by(user),
+        idempotency_key=idempotency_key,
+        lane=lane,
+        multitask_strategy=multitask_strategy,
+    )
     return receipt.as_json()
 
 
+def input_receipt(user: Any, session_id: Any, seq: int) -> dict[str, Any]:
+    session = session_for(user, session_id, "view")
+    return inputs.receipt(session.id, seq).as_json()
+
+
+def withdraw(user: Any, session_id: Any, seq: int) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    return inputs.withdraw(session.id, seq, by=_by(user)).as_json()
+
+
+def list_schedules(user: Any, session_id: Any) -> dict[str, Any]:
+    session = session_for(user, session_id, "view")
+    return {"schedules": [schedules.as_json(s) for s in schedules.of_session(session.id)]}
+
+
+def create_schedule(user: Any, session_id: Any, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    session = session_for(user, session_id, "drive")
+    made, new = schedules.create(session.id, body, by=_by(user))
+    return schedules.as_json(made), new
+
+
+def cancel_schedule(user: Any, session_id: Any, schedule_id: str) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    return schedules.as_json(schedules.cancel(session.id, schedule_id, by=_by(user)))
+
+
 def decide(
-    user: Any, session_id: Any, call_id: str, verdict: str, reason: str | None = None, request_seq: int | None = None
+    user: Any,
+    session_id: Any,
+    call_id: str,
+    verdict: str,
+    reason: str | None = None,
+    request_seq: int | None = None,
+    *,
+    edited_args: dict[str, Any] | None = None,
+    allow_for_session: bool = False,
 ) -> dict[str, Any]:
     session = session_for(user, session_id, "approve")
     event = approval_services.decide(
-        session.id, call_id, verdict, user=user, reason=reason or "", request_seq=request_seq
+        session.id,
+        call_id,
+        verdict,
+        user=user,
+        reason=reason or "",
+        request_seq=request_seq,
+        edited_args=edited_args,
+        allow_for_session=allow_for_session,
     )
-    return {"call_id": event.data["call_id"], "verdict": event.data["verdict"], "seq": event.seq}
+    return {
+        "call_id": event.data["call_id"],
+        "verdict": event.data["verdict"],
+        "seq": event.seq,
+        "edited_args": event.data.get("edited_args"),
+        "allowed_for_session": allow_for_session,
+    }
 
 
 def set_policy(user: Any, session_id: Any, patterns: list[str]) -> dict[str, Any]:
@@ -265,6 +328,28 @@ def set_model(user: Any, session_id: Any, role: str, spec: str) -> dict[str, Any
     session = session_for(user, session_id, "drive")
     event = services.set_model(session.id, role, spec, by=_by(user))
     return {"role": event.data["role"], "spec": event.data["spec"], "seq": event.seq}
+
+
+def fork(user: Any, session_id: Any, at_seq: int, policy: str) -> dict[str, Any]:
+    """A new session of the caller's from the parent's log as of at_seq
+    (services/forks.py); reading the parent is enough."""
+    parent = session_for(user, session_id, "view")
+    child = fork_services.fork(parent.id, at_seq, policy, user=user)
+    return fork_json(child)
+
+
+def fork_json(child: Session) -> dict[str, Any]:
+    origin = fork_services.forked_from(child.id) or {}
+    return {
+        "id": str(child.id),
+        "profile": child.profile.name if child.profile else None,
+        "status": child.status,
+        "parent": origin.get("parent"),
+        "at_seq": origin.get("at_seq"),
+        "requested_seq": origin.get("requested_seq"),
+        "policy": origin.get("policy"),
+        "last_seq": child.last_seq,
+    }
 
 
 # ---------------------------------------------------------------- operators (staff)

@@ -67,15 +67,45 @@ class CreateSessionIn(In):
     profile: Annotated[str, Field(min_length=1, max_length=64)]
 
 
+LaneName = Literal["steer", "follow_up", "passive"]
+StrategyName = Literal["reject", "enqueue", "interrupt"]
+
+
 class InputIn(In):
     text: Text
     wake: bool = True
+    lane: LaneName | None = Field(
+        None,
+        description="steer: ride the running turn's next step; follow_up: a turn of its own once the running one "
+        "ends; passive: start nothing, seen by the next turn. Default: steer while a turn runs, a new turn when idle",
+    )
+    multitask_strategy: StrategyName | None = Field(
+        None,
+        description="What input that would start a turn does while one runs: reject (409), enqueue (a follow-up), "
+        "interrupt (cancel the running turn; this input opens the next)",
+    )
+
+
+class ScheduleIn(In):
+    due_at: Annotated[str, Field(max_length=64)] | None = None
+    every_seconds: Annotated[int, Field(ge=1)] | None = None
+    cron: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    text: Text
+    misfire: Literal["skip", "run_once", "reschedule"] = "run_once"
+    max_runs: Annotated[int, Field(ge=1)] | None = None
+    idempotency_key: Key | None = None
+    reason: Annotated[str, Field(max_length=200)] | None = None
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
 class DecisionIn(In):
     verdict: Literal["approve", "deny"]
     reason: Reason | None = None
     request_seq: Seq | None = None
+    # approve only: the arguments to run instead of the model's (checked against the tool's schema)
+    edited_args: dict[str, Any] | None = None
+    # approve only: let this tool run without asking for the rest of the session
+    allow_for_session: bool = False
 
 
 class PolicyIn(In):
@@ -128,6 +158,18 @@ class ReasonIn(In):
     reason: OpsReason = ""
 
 
+ForkPolicy = Literal["historical", "current", "fresh"]
+
+
+class ForkIn(In):
+    """Fork the session as of a seq of its log (docs/events.md, "Forks")."""
+
+    at_seq: Annotated[int, Field(ge=0, le=2**62)] = Field(
+        description="a fork point of the parent's log: no step open as of it"
+    )
+    policy: ForkPolicy = Field(description="what the fork inherits: as of at_seq, as of now, or nothing")
+
+
 # ---------------------------------------------------------------- socket frames
 
 
@@ -140,6 +182,23 @@ class InjectFrame(ClientFrame):
     text: Text
     wake: bool = True
     idempotency_key: Key | None = None
+    lane: LaneName | None = None
+    multitask_strategy: StrategyName | None = None
+
+
+class WithdrawFrame(ClientFrame):
+    type: Literal["withdraw"]
+    seq: Seq
+
+
+class ScheduleFrame(ClientFrame):
+    type: Literal["schedule"]
+    schedule: ScheduleIn
+
+
+class CancelScheduleFrame(ClientFrame):
+    type: Literal["cancel_schedule"]
+    schedule_id: Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class DecisionFrame(ClientFrame):
@@ -147,6 +206,8 @@ class DecisionFrame(ClientFrame):
     call_id: CallId
     reason: Reason | None = None
     request_seq: Seq | None = None
+    edited_args: dict[str, Any] | None = None
+    allow_for_session: bool = False
 
 
 class BareFrame(ClientFrame):
@@ -169,6 +230,12 @@ class BudgetFrame(ClientFrame):
     limit: BudgetIn
 
 
+class ForkFrame(ClientFrame):
+    type: Literal["fork"]
+    at_seq: Annotated[int, Field(ge=0, le=2**62)]
+    policy: ForkPolicy
+
+
 FRAMES: dict[str, type[ClientFrame]] = {
     "inject": InjectFrame,
     "approve": DecisionFrame,
@@ -180,6 +247,10 @@ FRAMES: dict[str, type[ClientFrame]] = {
     "set_policy": PolicyFrame,
     "set_model": ModelFrame,
     "budget": BudgetFrame,
+    "withdraw": WithdrawFrame,
+    "schedule": ScheduleFrame,
+    "cancel_schedule": CancelScheduleFrame,
+    "fork": ForkFrame,
 }
 
 
@@ -204,6 +275,28 @@ class CreatedOut(Schema):
     id: str
     profile: str
     status: Status
+
+
+class ForkOut(Schema):
+    """The new session a fork made, and where it came from."""
+
+    id: str
+    profile: str | None
+    status: Status
+    parent: str
+    at_seq: int = Field(description="the fork point used")
+    requested_seq: int | None = Field(description="the seq asked for, when the fork point was taken back to it")
+    policy: ForkPolicy
+    last_seq: int = Field(description="the fork's head: the end of its seed")
+
+
+class ForkErrorOut(Schema):
+    """`invalid_fork_point` (422): the nearest fork points, null where there is none yet."""
+
+    code: str
+    message: str
+    before: int | None = None
+    after: int | None = None
 
 
 class UsageOut(Schema):
@@ -295,15 +388,48 @@ class SessionOut(Schema):
 
 
 class ReceiptOut(Schema):
-    disposition: Literal["started", "queued", "held"] = Field(
-        description="started: it opened a turn; queued: it rides the open turn's next step (or waits, with "
-        "wake false); held: a budget keeps a new turn from starting, so it is kept until the budget allows"
+    disposition: Literal["started", "queued", "held", "placed", "answered", "withdrawn"] = Field(
+        description="started: it opened a turn; queued: it waits in its lane; held: a budget or a suspension "
+        "keeps a new turn from starting, so it is kept until that allows; placed: a turn took it into the "
+        "transcript (placed_seq); answered: that turn ended (answered_seq); withdrawn: its owner took it back"
     )
     seq: int
     turn_seq: int | None
     idempotency_key: str | None
     replayed: bool
     held_reason: str | None = Field(None, description="held only: which budget holds it, in words")
+    lane: LaneName | None = None
+    placed_seq: int | None = None
+    answered_seq: int | None = None
+
+
+class ScheduleOut(Schema):
+    id: str
+    session_id: str
+    status: Literal["pending", "claimed", "completed", "skipped", "failed", "cancelled", "paused"]
+    status_reason: str
+    text: str
+    reason: str
+    due_at: str | None
+    next_due_at: str | None
+    every_seconds: int | None
+    cron: str | None
+    misfire: Literal["skip", "run_once", "reschedule"]
+    max_runs: int | None
+    runs: int
+    skipped: int
+    budget_tokens: int | None
+    spent_tokens: int
+    idempotency_key: str | None
+    last_outcome: dict[str, Any] | None = Field(
+        description="The latest firing: outcome ran | late | skipped, at, due_at, late_seconds, and reason when skipped"
+    )
+    created_by: str
+    created_at: str
+
+
+class SchedulesOut(Schema):
+    schedules: list[ScheduleOut]
 
 
 class EventOut(Schema):
@@ -318,10 +444,31 @@ class EventsOut(Schema):
     last_seq: int
 
 
+class SessionSummaryOut(Schema):
+    id: str
+    profile: str | None
+    title: str
+    status: Status
+    created_at: str = Field(description="ISO 8601")
+    last_event_at: str | None = Field(description="ISO 8601; null before the first event")
+    last_seq: int
+    pending_approvals: int = Field(description="calls of the open turn waiting for a verdict")
+    archived: bool
+    cost: float = Field(description="USD, priced steps only (GET /api/sessions/{id} has the unpriced count)")
+
+
+class SessionListOut(Schema):
+    sessions: list[SessionSummaryOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
 class DecisionOut(Schema):
     call_id: str
     verdict: Literal["approve", "deny"]
     seq: int
+    # the arguments that will run when a reviewer edited them (null: the model's own)
+    edited_args: dict[str, Any] | None = None
+    allowed_for_session: bool = False
 
 
 class PolicyOut(Schema):

@@ -7,15 +7,16 @@ OpenAPI 3.1 document: GET /api/openapi.json. Protocol notes: docs/protocol.md.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import Header, NinjaAPI, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from sessions_app.api import ops
+from sessions_app.api import listing, ops
 from sessions_app.api.auth import BearerAuth, CookieAuth
 from sessions_app.api.errors import (
     CsrfFailed,
@@ -39,6 +40,9 @@ from sessions_app.api.schemas import (
     EffectsOut,
     ErrorOut,
     EventsOut,
+    ForkErrorOut,
+    ForkIn,
+    ForkOut,
     InputIn,
     OpsOut,
     PolicyIn,
@@ -49,11 +53,16 @@ from sessions_app.api.schemas import (
     ResolveIn,
     ResolveOut,
     RetryOut,
+    ScheduleIn,
+    ScheduleOut,
+    SchedulesOut,
     ScopeIn,
     SessionActionOut,
+    SessionListOut,
     SessionOut,
 )
-from sessions_app.errors import InvalidInput, TerretError
+from sessions_app.api.schemas import Status as SessionStatus
+from sessions_app.errors import InvalidForkPoint, InvalidInput, TerretError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +71,7 @@ api = NinjaAPI(
     version="1",
     description="Drive Terret sessions from programs. Frames of the session socket: docs/protocol.md.",
     urls_namespace="terret_api",
-    docs_url=None,
+    docs_url="/docs",  # Swagger UI from ninja's own static files ("ninja" in INSTALLED_APPS): no CDN
     auth=[BearerAuth(), CookieAuth()],
 )
 
@@ -98,6 +107,13 @@ def _database_outage(request: HttpRequest, exc: Exception) -> HttpResponse:
 @api.exception_handler(TerretError)
 def _terret_error(request: HttpRequest, exc: TerretError) -> HttpResponse:
     return _render(request, exc)
+
+
+@api.exception_handler(InvalidForkPoint)
+def _invalid_fork_point(request: HttpRequest, exc: InvalidForkPoint) -> HttpResponse:
+    # The nearest fork points as fields too, so a program can retry at one.
+    body = {**error_body(exc), "before": exc.before, "after": exc.after}
+    return api.create_response(request, body, status=exc.status)
 
 
 @api.exception_handler(ValidationError)
@@ -136,6 +152,7 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     return _render(request, error)
 
 
+@csrf_exempt  # it changes nothing: a token POST to a wrong path gets this 404, not the CSRF page
 def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
     """Any other path under /api/: JSON, like the rest of the API."""
     return JsonResponse(error_body(PathNotFound(f"no API path {request.path[:200]}")), status=404)
@@ -160,6 +177,21 @@ def create_session(request: HttpRequest, payload: CreateSessionIn) -> Any:
     return Status(201, ops.create_session(_user(request), payload.profile))
 
 
+@api.get("/sessions", response={200: SessionListOut, **_READ_ERRORS}, tags=["sessions"])
+def list_sessions(
+    request: HttpRequest,
+    limit: int = Query(listing.DEFAULT_LIMIT, ge=1, le=listing.MAX_LIMIT),
+    cursor: str | None = Query(None, max_length=200),
+    status: SessionStatus | None = Query(None),
+    archived: Literal["false", "true", "all"] = Query("false"),
+) -> Any:
+    """The sessions you may read (your own; staff and reviewers: all), newest
+    first, `limit` per page (1-200). Follow `next_cursor` for the next page.
+    `status` keeps one status; `archived`: false (default, as the web list),
+    true (archived only) or all."""
+    return listing.list_sessions(_user(request), limit=limit, cursor=cursor, status=status, archived=archived)
+
+
 @api.get("/sessions/{session_id}", response={200: SessionOut, **_READ_ERRORS}, tags=["sessions"])
 def session_detail(request: HttpRequest, session_id: str) -> Any:
     """Status (with why it is blocked, or waiting for an agent slot), title,
@@ -179,7 +211,63 @@ def post_input(
     """Send input. The receipt says whether it started a turn or was queued
     for the running one. Same Idempotency-Key and payload: the original
     receipt (replayed=true); same key, other payload: 409."""
-    return Status(202, ops.inject(_user(request), session_id, payload.text, payload.wake, idempotency_key))
+    return Status(
+        202,
+        ops.inject(
+            _user(request),
+            session_id,
+            payload.text,
+            payload.wake,
+            idempotency_key,
+            lane=payload.lane,
+            multitask_strategy=payload.multitask_strategy,
+        ),
+    )
+
+
+@api.get("/sessions/{session_id}/inputs/{seq}", response={200: ReceiptOut, **_READ_ERRORS}, tags=["sessions"])
+def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
+    """An input's receipt with its current disposition: queued, held, placed
+    (placed_seq), answered (answered_seq: the turn/end) or withdrawn."""
+    return ops.input_receipt(_user(request), session_id, seq)
+
+
+@api.post(
+    "/sessions/{session_id}/inputs/{seq}/withdraw", response={200: ReceiptOut, **_WRITE_ERRORS}, tags=["sessions"]
+)
+def withdraw_input(request: HttpRequest, session_id: str, seq: int) -> Any:
+    """Take back input no turn has taken in yet (an input/withdrawn event).
+    Input already placed in the transcript: 409 input_consumed."""
+    return ops.withdraw(_user(request), session_id, seq)
+
+
+@api.get("/sessions/{session_id}/schedules", response={200: SchedulesOut, **_READ_ERRORS}, tags=["schedules"])
+def list_schedules(request: HttpRequest, session_id: str) -> Any:
+    """The session's schedules, newest first: status, runs, next_due_at, last_outcome."""
+    return ops.list_schedules(_user(request), session_id)
+
+
+@api.post(
+    "/sessions/{session_id}/schedules",
+    response={200: ScheduleOut, 201: ScheduleOut, 422: ErrorOut, **_WRITE_ERRORS},
+    tags=["schedules"],
+)
+def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) -> Any:
+    """Schedule a wake-up: at due_at, or every_seconds, or on a cron
+    expression (UTC). When it fires, `text` arrives as a follow-up input.
+    The profile bounds how many a session holds and the shortest interval
+    (422 schedule_limit). The same idempotency_key and request answers the
+    schedule made before (200); a new one is 201."""
+    made, new = ops.create_schedule(_user(request), session_id, payload.model_dump(exclude_none=True))
+    return Status(201 if new else 200, made)
+
+
+@api.delete(
+    "/sessions/{session_id}/schedules/{schedule_id}", response={200: ScheduleOut, **_WRITE_ERRORS}, tags=["schedules"]
+)
+def cancel_schedule(request: HttpRequest, session_id: str, schedule_id: str) -> Any:
+    """Cancel a pending or paused schedule (a schedule/cancelled event)."""
+    return ops.cancel_schedule(_user(request), session_id, schedule_id)
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])
@@ -197,8 +285,19 @@ def list_events(
     "/sessions/{session_id}/approvals/{call_id}", response={200: DecisionOut, **_WRITE_ERRORS}, tags=["approvals"]
 )
 def decide(request: HttpRequest, session_id: str, call_id: str, payload: DecisionIn) -> Any:
-    """Approve or deny a call parked in the open turn (reviewers)."""
-    return ops.decide(_user(request), session_id, call_id, payload.verdict, payload.reason, payload.request_seq)
+    """Approve or deny a call parked in the open turn (reviewers). An approval
+    may carry `edited_args` (run instead of the model's arguments) and
+    `allow_for_session` (the tool stops asking for the rest of the session)."""
+    return ops.decide(
+        _user(request),
+        session_id,
+        call_id,
+        payload.verdict,
+        payload.reason,
+        payload.request_seq,
+        edited_args=payload.edited_args,
+        allow_for_session=payload.allow_for_session,
+    )
 
 
 @api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -263,6 +362,19 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
 def compact(request: HttpRequest, session_id: str) -> Any:
     """Summarise the history now (between turns)."""
     return ops.compact(_user(request), session_id)
+
+
+@api.post(
+    "/sessions/{session_id}/fork",
+    response={201: ForkOut, **_WRITE_ERRORS, 422: ForkErrorOut},
+    tags=["sessions"],
+)
+def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
+    """A new session of the caller's from this one's log as of `at_seq` (who
+    may read a session may fork it). 422 invalid_fork_point: at_seq is no fork
+    point (inside a step, past the head, inside a fork's seed); `before` and
+    `after` name the nearest ones."""
+    return Status(201, ops.fork(_user(request), session_id, payload.at_seq, payload.policy))
 
 
 # ---------------------------------------------------------------- operators (staff only)

@@ -30,11 +30,19 @@ DEFAULT_DELAY_SECONDS = 0.02
 _PREFIX = "(offline demo model)"
 _SUMMARY_LIMIT = 200
 
-_WRITE = re.compile(r"\bwrite\s+(?P<path>[^\s:]+)\s*:\s*(?P<content>.*)", re.IGNORECASE | re.DOTALL)
-_READ = re.compile(r"\bread\s+(?:the\s+)?(?:file\s+)?(?P<path>[^\s]+)", re.IGNORECASE)
-_TIME = re.compile(r"\b(time|clock)\b", re.IGNORECASE)
-_LIST = re.compile(r"\blist\b", re.IGNORECASE)
-_ANY_WRITE = re.compile(r"\bwrite\b", re.IGNORECASE)
+# Keywords count only at the start of a message ("please", "can you" and the
+# like may come first), so an ordinary sentence that happens to contain
+# "list" or "time" is answered as text, not with a tool call.
+_LEAD = r"^\s*(?:(?:please|can you|could you|now)[\s,]+)?"
+_WRITE = re.compile(_LEAD + r"write\s+(?P<path>[^\s:]+)\s*:\s*(?P<content>.*)", re.IGNORECASE | re.DOTALL)
+_READ = re.compile(_LEAD + r"read\s+(?:the\s+)?(?:file\s+)?(?P<path>[^\s]+)", re.IGNORECASE)
+_TIME = re.compile(_LEAD + r"(?:what(?:'s|\s+is)?\s+(?:the\s+)?)?(?:time|clock)\b", re.IGNORECASE)
+_LIST = re.compile(_LEAD + r"list\b", re.IGNORECASE)
+_ANY_WRITE = re.compile(_LEAD + r"write\b", re.IGNORECASE)
+# What a tool result says when the call never ran (runtime/runner.py):
+# "denied: <reason>" for a reviewer's or a revoked session's no, "vetoed:
+# <why>" for a policy's.
+_REFUSED = re.compile(r"^\s*(denied|vetoed)\b:?\s*(?P<why>.*)", re.IGNORECASE | re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -98,13 +106,20 @@ def _results_summary(messages: list[dict[str, Any]]) -> str:
             break
         trailing.insert(0, message)
     names = _tool_names(messages)
-    parts = []
+    parts, ran = [], False
     for message in trailing:
+        name = names.get(message.get("tool_call_id", ""), "the tool")
         result = _text(message.get("content")).strip()
         if len(result) > _SUMMARY_LIMIT:
             result = result[:_SUMMARY_LIMIT] + "..."
-        parts.append(f"{names.get(message.get('tool_call_id', ''), 'the tool')} returned: {result or '(nothing)'}")
-    return f"{_PREFIX} Done. " + " ".join(parts)
+        if refused := _REFUSED.match(result):
+            verdict, why = refused[1].lower(), refused["why"].strip()
+            parts.append(f"{name} was {verdict}, so it did not run" + (f": {why}" if why else "."))
+        else:
+            ran = True
+            parts.append(f"{name} returned: {result or '(nothing)'}")
+    # "Done." only when something ran: after a denial or a veto it would be untrue.
+    return f"{_PREFIX} " + ("Done. " if ran else "Nothing was done. ") + " ".join(parts)
 
 
 def _user_reply(text: str, offered: set[str]) -> str | _Intent:
@@ -112,7 +127,8 @@ def _user_reply(text: str, offered: set[str]) -> str | _Intent:
     if intent is None:
         return (
             f"{_PREFIX} I am the built-in offline demo model, not a real LLM; set TERRET_LLM_API_KEY to use one. "
-            f"Try 'what time is it', 'list', 'read <path>' or 'write <path>: <text>'. You said: {text.strip()}"
+            f"Start a message with 'what time is it', 'list', 'read <path>' or 'write <path>: <text>' "
+            f"(writing asks for approval). You said: {text.strip()}"
         )
     if intent.tool not in offered:
         return f"{_PREFIX} I would call `{intent.tool}`, but this agent does not have that tool."
@@ -158,7 +174,7 @@ def _prompt_chars(messages: list[dict[str, Any]], tools: list[ToolSpec]) -> int:
 
 
 class DemoAdapter:
-    """Picks a tool from keywords in the last user message; otherwise echoes."""
+    """Picks a tool from a keyword at the start of the last user message; otherwise echoes."""
 
     def complete(
         self,

@@ -49,6 +49,7 @@ from sessions_app.llm.types import (
     ToolSpec,
     TornStream,
     Usage,
+    for_model,
 )
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,40 @@ def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
         return message
     wired = [{**c, "function": {**c["function"], "name": to_wire(c["function"]["name"])}} for c in calls]
     return {**message, "tool_calls": wired}
+
+
+def _wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's messages on the wire. Chat completions take images only
+    in user messages, and a tool message must follow its assistant message
+    with no other message between the results of one step; so the images of
+    a run of tool results go in one user message right after the run, each
+    introduced by the call it came from. Attachments that no one prepared
+    (`llm.types.for_model`, which decides by the role's capability) are
+    treated as for a text-only model: described, not sent."""
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, list[dict[str, Any]]]] = []
+    for message in for_model(messages, images=False):
+        if message.get("role") != "tool" and pending:
+            out.append(_images_message(pending))
+            pending = []
+        images = message.get("images")
+        if images:
+            message = {k: v for k, v in message.items() if k != "images"}
+            pending.append((str(message.get("tool_call_id") or ""), images))
+        out.append(_wire_message(message))
+    if pending:
+        out.append(_images_message(pending))
+    return out
+
+
+def _images_message(results: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for call_id, images in results:
+        parts.append({"type": "text", "text": f"The image(s) returned by tool call {call_id}, in order:"})
+        for image in images:
+            url = f"data:{image.get('mime_type') or 'image/png'};base64,{image.get('data') or ''}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": "user", "content": parts}
 
 
 def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
@@ -633,7 +668,7 @@ class OpenAIAdapter:
             headers["Authorization"] = f"Bearer {key}"
         body: dict[str, Any] = {
             "model": spec,
-            "messages": [_wire_message(m) for m in messages],
+            "messages": _wire_messages(messages),
             "stream": True,
             "stream_options": {"include_usage": True},
             "usage": {"include": True},  # OpenRouter: adds `cost` to the usage chunk

@@ -122,3 +122,51 @@ class Adapter(Protocol):
         on_delta: DeltaSink | None = None,
         abort: Abort | None = None,
     ) -> ModelReply: ...
+
+
+# -- what a tool result carries besides text -----------------------------------
+
+
+class ToolText(str):
+    """A tool's text result that also carries what cannot be text: images,
+    as `attachments` ({"type": "image", "mime_type": ..., "data": base64}).
+
+    It is a str, so every handler contract and the executor stay as they are;
+    the runner stores the attachments beside the text in tool/result (bounded
+    by runtime/storable.py), and the projection hands them to the adapter.
+    The text already describes each image ("[image 1: image/png, 95 bytes]"),
+    so a model that takes no images, or a copy of the text that lost the
+    attachments, still reads what the tool returned."""
+
+    attachments: tuple[dict[str, Any], ...]
+
+    def __new__(cls, text: str, attachments: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()) -> ToolText:
+        obj = super().__new__(cls, text)
+        obj.attachments = tuple(attachments)
+        return obj
+
+
+IMAGES_NOT_SHOWN = "[{n} image(s) returned by this tool are described above but not shown: this model takes text only]"
+
+
+def for_model(messages: list[dict[str, Any]], *, images: bool) -> list[dict[str, Any]]:
+    """The projection's messages prepared for a model that does (`images`) or
+    does not take images. A tool message's `attachments` become `images` (the
+    adapter sends them as image parts) or a line saying they are not shown.
+    Messages without attachments are passed through as they are."""
+    if not any(m.get("attachments") for m in messages):
+        return messages
+    out = []
+    for message in messages:
+        attached = message.get("attachments")
+        if not attached:
+            out.append(message)
+            continue
+        rest = {k: v for k, v in message.items() if k != "attachments"}
+        pictures = [a for a in attached if a.get("type") == "image"]
+        if images and pictures:
+            rest["images"] = pictures
+        elif pictures:
+            rest["content"] = f"{rest.get('content') or ''}\n{IMAGES_NOT_SHOWN.format(n=len(pictures))}"
+        out.append(rest)
+    return out

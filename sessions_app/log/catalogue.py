@@ -52,6 +52,17 @@ _TURN_FRESH: list[tuple[str, list[Any]]] = [
 REPLAY_POLICIES = ("safe", "reconcile", "never")
 RESOLUTIONS = ("rerun", "done", "failed")
 _ATTEMPT = {"type": "integer", "minimum": 1}
+# A tool result's images (runtime/storable.py bounds their number and size).
+_ATTACHMENTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"type": {"enum": ["image"]}, "mime_type": _NONEMPTY, "data": _STR},
+        "required": ["type", "mime_type", "data"],
+        "additionalProperties": False,
+    },
+}
+_TRACEPARENT = {"type": "string", "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"}
 
 
 def _obj(props: Json, required: list[str] | None = None) -> Json:
@@ -97,15 +108,51 @@ class Kind:
         object.__setattr__(self, "validator", jsonschema_rs.validator_for(self.schema))
 
 
+LANES = ("steer", "follow_up", "passive")
+# The lanes that wait for a turn boundary (input/deferred), against the steer
+# lane's input/queued, which rides the running turn.
+DEFERRED_LANES = ("follow_up", "passive")
+
+
 def _inbox(data: Json) -> list[Assignment]:
+    """A placement: queued input taken into the transcript. Each lane has its
+    own cursor (see runtime/admission.py for why both only move forwards)."""
     src = data.get("source_seq")
     if src is None:
         return []
-    return [
-        ("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src]),
-        # Held input is held no more once a turn takes in what was held.
-        ("held_seq = CASE WHEN held_seq <= %s THEN NULL ELSE held_seq END", [src]),
-    ]
+    # Held input is held no more once a turn takes in what was held.
+    unhold = ("held_seq = CASE WHEN held_seq <= %s THEN NULL ELSE held_seq END", [src])
+    lane = data.get("lane")
+    if lane in DEFERRED_LANES:
+        out = [("deferred_cursor = CASE WHEN deferred_cursor < %s THEN %s ELSE deferred_cursor END", [src, src])]
+        if lane == "follow_up":
+            out.append(("queued_follow_ups = queued_follow_ups - 1", []))
+        return [*out, unhold]
+    return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src]), unhold]
+
+
+def _withdrawn(data: Json) -> list[Assignment]:
+    """A withdrawal moves a lane's cursor only as far as the service found,
+    under the row lock, that nothing before it is still waiting."""
+    out: list[Assignment] = []
+    if "inbox_to" in data:
+        to = data["inbox_to"]
+        out.append(("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [to, to]))
+    if "deferred_to" in data:
+        to = data["deferred_to"]
+        out.append(("deferred_cursor = CASE WHEN deferred_cursor < %s THEN %s ELSE deferred_cursor END", [to, to]))
+    if data["lane"] == "follow_up":
+        out.append(("queued_follow_ups = queued_follow_ups - 1", []))
+    if data.get("unhold"):
+        out.append(("held_seq = NULL", []))
+    return out
+
+
+def _deferred(data: Json) -> list[Assignment]:
+    out: list[Assignment] = [("deferred_seq = NEW_SEQ", [])]
+    if data["lane"] == "follow_up":
+        out += [("queued_follow_ups = queued_follow_ups + 1", []), ("blocked_seq = NULL", [])]
+    return out
 
 
 def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) -> list[Assignment]:
@@ -212,14 +259,14 @@ CATALOGUE: dict[str, Kind] = {
         # --- model-visible --------------------------------------------------
         Kind(
             "user/message",
-            _obj({"text": _STR, "source_seq": _SEQ}, ["text"]),
+            _obj({"text": _STR, "source_seq": _SEQ, "lane": {"enum": list(DEFERRED_LANES)}}, ["text"]),
             True,
             "A user's input that opened a turn. `source_seq` names the input/queued it came from.",
             _inbox,
         ),
         Kind(
             "context/injected",
-            _obj({"text": _STR, "source_seq": _SEQ}, ["text"]),
+            _obj({"text": _STR, "source_seq": _SEQ, "lane": {"enum": list(DEFERRED_LANES)}}, ["text"]),
             True,
             "Queued input (a steer, or a woken inbox item) riding into a step.",
             _inbox,
@@ -249,6 +296,7 @@ CATALOGUE: dict[str, Kind] = {
                     "is_error": {"type": "boolean"},
                     "attempt": _ATTEMPT,
                     "via": {"enum": ["reconcile", "operator", "closing"]},
+                    "attachments": _ATTACHMENTS,
                 },
                 ["call_id", "name", "content"],
             ),
@@ -256,7 +304,8 @@ CATALOGUE: dict[str, Kind] = {
             "The outcome of one tool call; vetoes, denials and tool errors have is_error true. `attempt` names "
             "the tool/attempt it closes (absent: the call never ran, or ran inline). `via` says where an outcome "
             "came from when the tool's own run did not give it: its target's answer to a reconcile, an "
-            "operator's resolution, or the closing of a cancelled or failed turn.",
+            "operator's resolution, or the closing of a cancelled or failed turn. `attachments` holds the images "
+            "a tool returned (each named in `content` too), passed to models that take images.",
         ),
         Kind(
             "session/compacted",
@@ -272,9 +321,10 @@ CATALOGUE: dict[str, Kind] = {
         # --- metadata -------------------------------------------------------
         Kind(
             "turn/start",
-            _obj({"by": _STR}),
+            _obj({"by": _STR, "traceparent": _TRACEPARENT}),
             False,
-            "A turn opens. At most one turn is open at a time.",
+            "A turn opens. At most one turn is open at a time. `traceparent` (W3C, written while tracing is on) "
+            "names the turn's root span, so every drive of the turn, on any worker, joins one trace.",
             lambda d: [("open_turn_seq = NEW_SEQ", []), ("turns = turns + 1", []), *_TURN_FRESH],
             lambda d: [(_TURNS_DAY_UPSERT, [])],
         ),
@@ -383,6 +433,94 @@ CATALOGUE: dict[str, Kind] = {
             lambda d: [("last_input_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
         ),
         Kind(
+            "input/deferred",
+            _obj(
+                {
+                    "text": _STR,
+                    "lane": {"enum": list(DEFERRED_LANES)},
+                    "idempotency_key": _STR,
+                    "by": _STR,
+                    "schedule_id": _NONEMPTY,
+                },
+                ["text", "lane"],
+            ),
+            False,
+            "Input in a lane that waits for a turn boundary: a follow_up opens a turn of its own once the "
+            "running one ends (one follow-up per turn, in arrival order); a passive write starts nothing and is "
+            "taken in, as context, by the next turn that opens. Placed by a user/message or context/injected "
+            "with `source_seq` and `lane`.",
+            _deferred,
+        ),
+        Kind(
+            "input/withdrawn",
+            _obj(
+                {
+                    "source_seq": _SEQ,
+                    "lane": {"enum": list(LANES)},
+                    "by": _STR,
+                    "inbox_to": {"type": "integer", "minimum": 0},
+                    "deferred_to": {"type": "integer", "minimum": 0},
+                    "unhold": {"type": "boolean"},
+                },
+                ["source_seq", "lane"],
+            ),
+            False,
+            "Its owner took back queued input (source_seq) before any turn took it in. `inbox_to` / "
+            "`deferred_to` move a lane's cursor past it when nothing before it still waits; `unhold` clears the "
+            "held marker when it was the held input.",
+            _withdrawn,
+        ),
+        Kind(
+            "schedule/created",
+            _obj(
+                {
+                    "schedule_id": _NONEMPTY,
+                    "by": _STR,
+                    "due_at": {"type": ["string", "null"]},
+                    "every_seconds": {"type": ["integer", "null"]},
+                    "cron": _STR,
+                    "misfire": {"enum": ["skip", "run_once", "reschedule"]},
+                    "max_runs": {"type": ["integer", "null"]},
+                    "reason": _STR,
+                },
+                ["schedule_id", "misfire"],
+            ),
+            False,
+            "A wake-up was scheduled for this session, by a person or by the agent's schedule.create tool.",
+        ),
+        Kind(
+            "schedule/fired",
+            _obj(
+                {
+                    "schedule_id": _NONEMPTY,
+                    "due_at": _NONEMPTY,
+                    "late_ms": {"type": "integer", "minimum": 0},
+                    "run": {"type": "integer", "minimum": 1},
+                    "input_seq": _SEQ,
+                    "missed": {"type": "integer", "minimum": 0},
+                    "worker": _STR,
+                },
+                ["schedule_id", "due_at", "late_ms", "run", "input_seq"],
+            ),
+            False,
+            "A schedule came due and delivered its input (input_seq, an input/deferred follow-up). `missed` "
+            "counts due times a misfire policy folded into this one.",
+        ),
+        Kind(
+            "schedule/cancelled",
+            _obj({"schedule_id": _NONEMPTY, "by": _STR, "reason": _STR}, ["schedule_id"]),
+            False,
+            "A schedule was cancelled: by a person, by the agent, or because the session was revoked or archived.",
+        ),
+        Kind(
+            "schedule/paused",
+            _obj(
+                {"schedule_id": _NONEMPTY, "reason": _NONEMPTY, "runs": {"type": "integer"}}, ["schedule_id", "reason"]
+            ),
+            False,
+            "A schedule paused itself: its last runs made no progress (turns that ended empty, failed or rejected).",
+        ),
+        Kind(
             "session/suspended",
             _OPERATOR,
             False,
@@ -426,6 +564,9 @@ CATALOGUE: dict[str, Kind] = {
                     "worker": _STR,
                     "replaces": _ATTEMPT,
                     "why": {"enum": ["safe", "not_done", "rerun"]},
+                    # Present when a reviewer edited the call's arguments: the JSON that ran.
+                    "arguments": _STR,
+                    "edited": {"type": "boolean"},
                 },
                 ["call_id", "name", "attempt", "idempotency_key", "replay", "fence"],
             ),
@@ -506,7 +647,14 @@ CATALOGUE: dict[str, Kind] = {
         Kind(
             "approval/resolved",
             _obj(
-                {"call_id": _NONEMPTY, "verdict": {"enum": ["approve", "deny"]}, "reason": _STR, "by": _STR},
+                {
+                    "call_id": _NONEMPTY,
+                    "verdict": {"enum": ["approve", "deny"]},
+                    "reason": _STR,
+                    "by": _STR,
+                    # approve only: the arguments that run instead of the model's.
+                    "edited_args": {"type": "object"},
+                },
                 ["call_id", "verdict"],
             ),
             False,
@@ -518,14 +666,23 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "session/titled",
-            _obj({"title": {"type": "string", "minLength": 1, "maxLength": 80}}, ["title"]),
+            _obj({"title": {"type": "string", "minLength": 1, "maxLength": 80}, "by": _STR}, ["title"]),
             False,
-            "The session's title (at most 80 characters). Never model-visible.",
+            "The session's title (at most 80 characters); the latest wins. `by` names the person who renamed "
+            "the session (absent: the titler). Never model-visible.",
             lambda d: [("title = %s", [d["title"]])],
         ),
         Kind(
             "policy/updated",
-            _obj({"patterns": {"type": "array", "items": _NONEMPTY}, "by": _STR}, ["patterns"]),
+            _obj(
+                {
+                    "patterns": {"type": "array", "items": _NONEMPTY},
+                    "by": _STR,
+                    # Tools a reviewer allowed to run without asking, for the rest of the session.
+                    "auto_approve": {"type": "array", "items": _NONEMPTY},
+                },
+                ["patterns"],
+            ),
             False,
             "The session's allow-list patterns from now on.",
             lambda d: [("policy_seq = NEW_SEQ", [])],
@@ -582,6 +739,40 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "The live agent was disposed: idle past TERRET_AGENT_IDLE_SECONDS, evicted to make room for "
             "another session's agent, or by an operator. The next stimulus respawns it.",
+        ),
+        # --- forks (services/forks.py, docs/events.md "Forks") ---------------
+        Kind(
+            "session/forked",
+            _obj(
+                {
+                    "parent": _NONEMPTY,
+                    "at_seq": _SEQ,
+                    "policy": {"enum": ["historical", "current", "fresh"]},
+                    "seed_upto": _SEQ,
+                    "requested_seq": _SEQ,
+                    "by": _STR,
+                },
+                ["parent", "at_seq", "policy", "seed_upto"],
+            ),
+            False,
+            "This session is a fork of `parent` as of the parent's `at_seq` (a fork point: no step open), "
+            "inheriting by `policy`. Events up to `seed_upto` are the fork's seed (the parent's model-visible "
+            "history, copied, and the inherited policy and model roles), written in one commit. "
+            "`requested_seq`: the seq asked for, when the fork point was taken back to the last one before it.",
+        ),
+        Kind(
+            "session/forked_to",
+            _obj(
+                {
+                    "child": _NONEMPTY,
+                    "at_seq": _SEQ,
+                    "policy": {"enum": ["historical", "current", "fresh"]},
+                    "by": _STR,
+                },
+                ["child", "at_seq"],
+            ),
+            False,
+            "A fork (`child`) was made of this session as of `at_seq`; nothing else of this session changes.",
         ),
     ]
 }

@@ -204,3 +204,11 @@ def publish_event(session_id: uuid.UUID, seq: int) -> None:
 def publish_delta(session_id: uuid.UUID | str, payload: dict[str, Any]) -> None:
     """Streamed token deltas: live only, never durable."""
     publisher.message(group_name(session_id), {"type": "log.delta", **payload})
+
+
+def publish_live(session_id: uuid.UUID | str, payload: dict[str, Any]) -> None:
+    """Live-only news about the open turn that the log does not keep, such as
+    a tool call's progress (`{"kind": "tool/progress", "call_id", "progress",
+    "total"?, "message"?}`): sockets forward it as a `live` frame; a client
+    that misses one loses nothing durable."""
+    publisher.message(group_name(session_id), {"type": "log.live", **payload})

@@ -39,7 +39,10 @@ def render(kind: str, data: dict[str, Any]) -> dict[str, Any]:
             ]
         return msg
     if kind == "tool/result":
-        return {"role": "tool", "tool_call_id": data["call_id"], "content": data["content"]}
+        msg = {"role": "tool", "tool_call_id": data["call_id"], "content": data["content"]}
+        if data.get("attachments"):  # a tool's images: llm.types.for_model decides what the model gets
+            msg["attachments"] = data["attachments"]
+        return msg
     if kind == "session/compacted":
         return {"role": "user", "content": SUMMARY_PREFIX + data["summary"]}
     raise ValueError(f"{kind} is not model-visible")

@@ -109,13 +109,77 @@ def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> l
 
 
 def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int) -> list[LoggedEvent]:
-    """Queued input not yet consumed: input/queued events after the inbox cursor."""
+    """Steer-lane input not yet consumed: input/queued events after the inbox
+    cursor that no input/withdrawn took back."""
+    return _waiting(session_id, "input/queued", inbox_seq)
+
+
+def pending_deferred(session_id: uuid.UUID | str, cursor: int) -> list[LoggedEvent]:
+    """Follow-ups and passive writes not yet taken in (input/deferred after
+    the deferred cursor, less the withdrawn), in arrival order."""
+    return _waiting(session_id, "input/deferred", cursor)
+
+
+def _waiting(session_id: uuid.UUID | str, kind: str, cursor: int) -> list[LoggedEvent]:
     rows = (
-        Event.objects.filter(session_id=session_id, kind="input/queued", seq__gt=inbox_seq)
+        Event.objects.filter(session_id=session_id, kind__in=(kind, "input/withdrawn"), seq__gt=cursor)
         .order_by("seq")
         .values_list("seq", "kind", "data")
     )
-    return [LoggedEvent(s, k, d) for s, k, d in rows]
+    events = [LoggedEvent(s, k, d) for s, k, d in rows]
+    gone = {e.data["source_seq"] for e in events if e.kind == "input/withdrawn"}
+    return [e for e in events if e.kind == kind and e.seq not in gone]
+
+
+def input_fate(session_id: uuid.UUID | str, seq: int) -> tuple[LoggedEvent | None, LoggedEvent | None]:
+    """What became of the input at `seq`: the event that placed it in the
+    transcript or withdrew it (None while it waits), and the turn/end that
+    answered the turn it was placed in (None until that turn ends)."""
+    took = (
+        Event.objects.filter(
+            session_id=session_id,
+            seq__gt=seq,
+            kind__in=("user/message", "context/injected", "input/withdrawn"),
+            data__source_seq=seq,
+        )
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+        .first()
+    )
+    placed = LoggedEvent(*took) if took else None
+    if placed is None or placed.kind == "input/withdrawn":
+        return placed, None
+    return placed, _end_after(session_id, placed.seq)
+
+
+def _end_after(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
+    row = (
+        Event.objects.filter(session_id=session_id, kind="turn/end", seq__gt=seq)
+        .order_by("seq")
+        .values_list("seq", "kind", "data")
+        .first()
+    )
+    return LoggedEvent(*row) if row else None
+
+
+def event_at(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
+    row = Event.objects.filter(session_id=session_id, seq=seq).values_list("seq", "kind", "data").first()
+    return LoggedEvent(*row) if row else None
+
+
+def turn_start_before(session_id: uuid.UUID | str, seq: int) -> int | None:
+    """The seq of the turn/start that opened the turn holding the event at `seq`."""
+    return (
+        Event.objects.filter(session_id=session_id, kind="turn/start", seq__lte=seq)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+
+
+def answered_by(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
+    """The turn/end of the turn that holds the event at `seq`, if it ended."""
+    return _end_after(session_id, seq)
 
 
 def latest_of_kind(session_id: uuid.UUID | str, kind: str) -> LoggedEvent | None:

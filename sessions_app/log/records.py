@@ -51,6 +51,9 @@ WORKLOAD_COLUMNS = (
     "last_input_seq",
     "blocked_seq",
     "unknown_effects",
+    "queued_follow_ups",
+    "deferred_seq",
+    "deferred_cursor",
 )
 
 
@@ -62,6 +65,9 @@ class Workload:
     last_input_seq: int
     blocked_seq: int | None = None
     unknown_effects: int = 0
+    queued_follow_ups: int = 0
+    deferred_seq: int = 0
+    deferred_cursor: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Workload:
@@ -72,8 +78,12 @@ class Workload:
             int(row["last_input_seq"]),
             row["blocked_seq"],
             int(row["unknown_effects"]),
+            int(row["queued_follow_ups"]),
+            int(row["deferred_seq"]),
+            int(row["deferred_cursor"]),
         )
 
     @property
     def input_pending(self) -> bool:
-        return self.last_input_seq > self.inbox_seq
+        """Steer-lane input not yet taken in, or a follow-up owed a turn."""
+        return self.last_input_seq > self.inbox_seq or self.queued_follow_ups > 0

@@ -36,7 +36,7 @@ RELEASE_SET = "lease_owner = '', lease_expires_at = %s, lease_process = NULL"
 GUARDS: dict[str, str] = {
     "untitled": "title = ''",
     # No open turn and nothing queued: a wake may open a turn with its own text only.
-    "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq",
+    "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq AND deferred_seq <= deferred_cursor",
     # The policy in force is still the given policy/updated seq (0: none yet).
     "policy_at": "COALESCE(policy_seq, 0) = %s",
 }

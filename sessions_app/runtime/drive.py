@@ -24,7 +24,7 @@ from django.conf import settings
 
 from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
-from sessions_app.log.reads import pending_inputs, turn_events
+from sessions_app.log.reads import pending_deferred, pending_inputs, turn_events
 from sessions_app.log.records import Workload
 from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry
 from sessions_app.runtime import lease as leases
@@ -131,7 +131,7 @@ def has_work(session_id: uuid.UUID, workload: Workload) -> bool:
         return workload.pending_approvals == 0 and workload.blocked_seq is None and workload.unknown_effects == 0
     if not workload.input_pending:
         return False
-    return admission.has_woken_input(session_id, workload.inbox_seq)
+    return admission.has_woken_input(session_id, workload.inbox_seq, follow_ups=workload.queued_follow_ups)
 
 
 def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, TurnRunner | None]:
@@ -157,7 +157,7 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
             hold_input(sid, lease, over)
             return Outcome.IDLE, None
         with log.locked(sid, fence=lease.fence) as tx:
-            if not admission.has_woken_input(sid, tx.row["inbox_seq"]):
+            if not admission.has_woken_input(sid, tx.row["inbox_seq"], follow_ups=tx.row["queued_follow_ups"]):
                 return Outcome.IDLE, None
             turn_seq = admission.open_turn(tx, None, "")
             # The row as the turn opens, not as claimed: a policy or model
@@ -175,6 +175,8 @@ def hold_input(sid: uuid.UUID, lease: leases.Lease, over: limits.Stop) -> None:
         if tx.row["held_seq"] is not None:
             return
         woken = [i for i in pending_inputs(sid, tx.row["inbox_seq"]) if i.data.get("wake")]
+        if not woken and tx.row["queued_follow_ups"] > 0:
+            woken = [i for i in pending_deferred(sid, tx.row["deferred_cursor"]) if i.data["lane"] == "follow_up"]
         if woken:
             tx.append("input/held", {"source_seq": woken[0].seq, "reason": over.as_json(), "text": over.message})
 

@@ -282,7 +282,8 @@ def _effect(a: Attempt, turn_seq: int, turn_open: bool, args: str) -> Effect:
         state=a.state,
         replay=str(a.data.get("replay", "")),
         idempotency_key=str(a.data.get("idempotency_key", "")),
-        arguments=args,
+        # A reviewer's edit: the attempt names the arguments that ran.
+        arguments=str(a.data.get("arguments", args)),
         step=a.data.get("step"),
         worker=str(a.data.get("worker", "")),
         fence=int(a.data.get("fence", 0)),

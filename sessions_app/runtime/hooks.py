@@ -53,6 +53,8 @@ class CallContext:
 class GateDecision:
     action: Literal["run", "deny", "park", "ask"]
     reason: str = ""
+    # run: the arguments a reviewer approved in place of the model's (None: the model's own).
+    args: dict[str, Any] | None = None
 
 
 class Gate(Protocol):
@@ -67,6 +69,7 @@ class Gate(Protocol):
         args: Any,
         *,
         after_seq: int = 0,
+        ctx: CallContext | None = None,
     ) -> GateDecision: ...
 
     def request(

@@ -17,19 +17,26 @@ from sessions_app.tools.base import Approval
 from sessions_app.tools.registry import builtin_name_problems, is_builtin
 
 APPROVAL_MODES: tuple[str, ...] = get_args(Approval)  # never, policy, always (approvals_app/gate.py)
-MCP_KEYS = ("name", "command", "args", "env", "timeout")
+MCP_KEYS = ("name", "command", "args", "env", "url", "headers", "timeout")
 
 
 def check_profile(
-    *, roles: Any, builtin_tools: Any, mcp_servers: Any, approvals: Any, context_windows: Any = None
+    *,
+    roles: Any,
+    builtin_tools: Any,
+    mcp_servers: Any,
+    approvals: Any,
+    context_windows: Any = None,
+    image_roles: Any = None,
 ) -> dict[str, list[str]]:
-    """Problems by field name (roles, builtin_tools, mcp_servers, approvals, context_windows)."""
+    """Problems by field name (roles, builtin_tools, mcp_servers, approvals, context_windows, image_roles)."""
     problems = {
         "roles": _roles(roles),
         "builtin_tools": builtin_name_problems(builtin_tools),
         "mcp_servers": _mcp_servers(mcp_servers),
         "approvals": _approvals(approvals, builtin_tools, mcp_servers),
         "context_windows": _windows({} if context_windows is None else context_windows),
+        "image_roles": _image_roles([] if image_roles is None else image_roles),
     }
     return {field: found for field, found in problems.items() if found}
 
@@ -61,6 +68,22 @@ def _windows(windows: Any) -> list[str]:
         elif isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < MIN_WINDOW_TOKENS:
             problems.append(f"the {role} role's window must be a whole number of tokens, at least {MIN_WINDOW_TOKENS}")
     return problems
+
+
+def _image_roles(roles: Any) -> list[str]:
+    if not isinstance(roles, list):
+        return ['must be a list of the model roles whose model accepts images, e.g. ["main"]']
+    return [
+        f"unknown model role {role!r}; the roles are {', '.join(MODEL_ROLES)}"
+        for role in roles
+        if role not in MODEL_ROLES
+    ]
+
+
+def accepts_images(profile: Any, role: str) -> bool:
+    """Whether `role`'s model takes images (the profile's image_roles): a
+    tool's images then reach it as image parts, else as a text description."""
+    return role in (getattr(profile, "image_roles", None) or [])
 
 
 def _mcp_servers(servers: Any) -> list[str]:

@@ -58,7 +58,12 @@ def lease_live(row: dict[str, Any]) -> bool:
 
 def idle(row: dict[str, Any]) -> bool:
     """No open turn, no live lease, nothing queued: disposing loses nothing."""
-    return row["open_turn_seq"] is None and not lease_live(row) and row["last_input_seq"] <= row["inbox_seq"]
+    return (
+        row["open_turn_seq"] is None
+        and not lease_live(row)
+        and row["last_input_seq"] <= row["inbox_seq"]
+        and row["queued_follow_ups"] == 0
+    )
 
 
 def agent_id_for(session: Session, profile: AgentProfile) -> str:
@@ -150,7 +155,11 @@ def _dispose(agent: Agent, reason: str, by: str = "") -> bool:
 def _idle_agents() -> Any:
     now = timezone.now()
     return (
-        Agent.objects.filter(session__open_turn_seq__isnull=True, session__last_input_seq__lte=F("session__inbox_seq"))
+        Agent.objects.filter(
+            session__open_turn_seq__isnull=True,
+            session__last_input_seq__lte=F("session__inbox_seq"),
+            session__queued_follow_ups=0,
+        )
         .filter(Q(session__lease_owner="") | Q(session__lease_expires_at__lte=now))
         .select_related("session")
     )

@@ -48,8 +48,8 @@ from django.db import connection
 from sessions_app.errors import LeaseLost
 from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
-from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, ToolCall
-from sessions_app.log import hints
+from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, ToolCall, for_model
+from sessions_app.log import hints, partial
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import (
@@ -62,22 +62,27 @@ from sessions_app.runtime import (
     lifecycle,
     limits,
     storable,
+    tracing,
     windows,
 )
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
 from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.profiles import accepts_images
 from sessions_app.runtime.stop import stop_watch
 from sessions_app.runtime.view import TurnState, TurnView
 from sessions_app.tools.base import Definition, Reconciliation, ToolContext
 from sessions_app.tools.executor import execute
-from sessions_app.tools.registry import Registry, registry_for_profile
+from sessions_app.tools.registry import Registry, on_progress, registry_for_profile
 
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 25
 DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
+
+# A tool call's progress notifications are live hints on the session's stream, never log events.
+on_progress(hints.publish_live)
 
 
 class TurnRunner:
@@ -98,6 +103,9 @@ class TurnRunner:
         # Whether this step compacted already: a second refusal then fails the turn.
         self.compacted_in_step = False
         self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
+        # Calls a reviewer approved with edited arguments: call id -> the JSON that ran,
+        # so their result can tell the model (set per call in run_call, read by result).
+        self.edited: dict[str, str] = {}
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
 
@@ -154,6 +162,10 @@ class TurnRunner:
     def run(self, turn_seq: int) -> Outcome:
         self.turn_seq = turn_seq
         self.view.load(turn_seq)
+        with tracing.turn(self.sid, self.profile.name, turn_seq, self.view.events) as traced:
+            return traced.outcome(self._run_or_fail())
+
+    def _run_or_fail(self) -> Outcome:
         try:
             return self._run()
         except LeaseLost:
@@ -347,16 +359,20 @@ class TurnRunner:
         tools = self.registry.specs()
         connection.close()  # no pooled connection is held across the model call
         started = time.monotonic()
+        # The step's text so far, for a socket that connects mid-stream (log/partial.py).
+        kept = partial.Recorder(self.sid, step)
+
+        def on_delta(text: str) -> None:
+            kept.add(text)  # kept before it is published: a reader's copy never lacks a delta it saw
+            hints.publish_delta(self.sid, {"step": step, "text": text})
+
         try:
-            with stop_watch.watching(self.sid, Abort()) as abort:
-                return get_adapter(spec).complete(
-                    spec,
-                    messages,
-                    tools,
-                    on_delta=lambda text: hints.publish_delta(self.sid, {"step": step, "text": text}),
-                    abort=abort,
-                )
+            # The role's capability decides whether a tool's images reach the model as images.
+            messages = for_model(messages, images=accepts_images(self.profile, "main"))
+            with stop_watch.watching(self.sid, Abort()) as abort, tracing.chat(self.sid, spec, step) as traced:
+                return traced.replied(get_adapter(spec).complete(spec, messages, tools, on_delta=on_delta, abort=abort))
         finally:
+            kept.close()
             self.last_call_ms = int((time.monotonic() - started) * 1000)
 
     # -- failure, hand-over
@@ -418,6 +434,7 @@ class TurnRunner:
         return None
 
     def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> Outcome | None:
+        self.edited.pop(call.id, None)
         defn = self.registry.get(call.name)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
@@ -443,7 +460,15 @@ class TurnRunner:
             return self.result(call, f"vetoed: {veto}", True)
         gate = hooks.gate()
         # Verdicts bind to this call: same id, tool and args, asked after its message.
-        decision = gate.check(st.events, defn, self.profile.approvals or {}, call.id, args, after_seq=message_seq)
+        decision = gate.check(
+            st.events,
+            defn,
+            self.profile.approvals or {},
+            call.id,
+            args,
+            after_seq=message_seq,
+            ctx=self.call_context(defn, args),
+        )
         if decision.action == "ask":
             self.flush()  # the request's row-lock check must see everything before it
             if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
@@ -455,6 +480,11 @@ class TurnRunner:
             return Outcome.PARKED
         if decision.action == "deny":
             return self.result(call, f"denied: {decision.reason}", True)
+        if decision.args is not None:
+            # Approved with edits: the reviewer's arguments run (and are what a
+            # retry, a reconcile and the ledger see), not the model's.
+            call = ToolCall(call.id, call.name, json.dumps(decision.args, ensure_ascii=False))
+            self.edited[call.id] = call.arguments
         return self.run_tool(defn, call, st, message_seq)
 
     def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
@@ -466,7 +496,9 @@ class TurnRunner:
         veto = hooks.first_veto(self.call_context(defn, args))
         if veto:
             return _result(call, f"vetoed: {veto}", True)
-        outcome = execute(defn, self.tool_context(call, 0), call.arguments)
+        with tracing.tool(self.sid, call.name, call.id) as traced:
+            outcome = execute(defn, self.tool_context(call, 0), call.arguments)
+            traced.result(outcome.is_error)
         return _result(call, outcome.content, outcome.is_error)
 
     def redo_inline(self, pending: InlineCall) -> Entry:
@@ -519,11 +551,15 @@ class TurnRunner:
             intent["step"] = st.open_step
         if replaces is not None:
             intent["replaces"], intent["why"] = replaces
+        if call.id in self.edited:
+            intent["arguments"], intent["edited"] = call.arguments, True  # what actually runs
         self.outbox.emit("tool/attempt", intent)
         self.flush()  # the intent, and earlier results, are durable before the effect
         connection.close()  # tools may be slow; hold no connection meanwhile
         failpoints.pause("after_intent", defn.name)
-        outcome = execute(defn, ctx, call.arguments)
+        with tracing.tool(self.sid, call.name, call.id) as traced:
+            outcome = execute(defn, ctx, call.arguments)
+            traced.result(outcome.is_error)
         failpoints.pause("after_effect", defn.name)
         self.result(call, outcome.content, outcome.is_error, attempt=number)
 
@@ -580,6 +616,9 @@ class TurnRunner:
 
     def result(self, call: ToolCall, content: str, is_error: bool, attempt: int = 0, via: str = "") -> Outcome | None:
         """Buffer the call's result; the call needs nothing more (None)."""
+        if call.id in self.edited:
+            ran = self.edited.pop(call.id)
+            content = f"(A reviewer edited the arguments before approving; the tool ran with {ran})\n{content}"
         kind, data = _result(call, content, is_error)
         if attempt:
             data["attempt"] = attempt
@@ -610,7 +649,14 @@ class _Rerun:
 
 
 def _result(call: ToolCall, content: str, is_error: bool) -> Entry:
-    data = {"call_id": call.id, "name": call.name, "content": storable.fit_result(content), "is_error": is_error}
+    # A ToolText (llm/types.py) is stored as plain text, its images beside it.
+    text = storable.fit_result(str(content))
+    data = {"call_id": call.id, "name": call.name, "content": text, "is_error": is_error}
+    images = getattr(content, "attachments", None)
+    if images:
+        data["content"], kept = storable.fit_attachments(data["content"], images)  # each kept whole or left out
+        if kept:
+            data["attachments"] = kept
     return "tool/result", data
 
 

@@ -107,6 +107,21 @@ def held() -> list[str]:
     return _not_woken_lately([str(i) for i in found.values_list("id", flat=True)[:SWEEP_BATCH]])
 
 
+def owed() -> list[str]:
+    """Idle sessions owed a turn by a follow-up that nobody opened (a worker
+    died between one turn's end and the next one's opening), once their
+    lease, if any, has run out."""
+    now = timezone.now()
+    found = Session.objects.filter(
+        open_turn_seq__isnull=True,
+        queued_follow_ups__gt=0,
+        held_seq__isnull=True,
+        suspended_seq__isnull=True,
+        revoked_seq__isnull=True,
+    ).filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+    return _not_woken_lately([str(i) for i in found.values_list("id", flat=True)[:SWEEP_BATCH]])
+
+
 def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
     """One round of a worker's sweeper: turns nobody drives, idle agents,
     free agent slots, each woken with `wake`. Each part on its own, so one
@@ -114,6 +129,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
     parts: list[tuple[str, Callable[[], list[str]]]] = [
         ("sweep", lambda: sweep(at_start=at_start)),
         ("offering held input", held),
+        ("offering owed follow-ups", owed),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
         ("counting the round", _count_round),

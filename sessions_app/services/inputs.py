@@ -16,13 +16,24 @@ from approvals_app.selectors import pending_from_events
 from sessions_app import log
 from sessions_app.errors import (
     IdempotencyConflict,
+    InputConsumed,
     InvalidInput,
     NotBlocked,
     SessionRevoked,
     TurnAlreadyRunning,
     TurnOpenInLog,
+    UnknownInput,
 )
-from sessions_app.log.reads import turn_events
+from sessions_app.log.catalogue import LANES
+from sessions_app.log.reads import (
+    answered_by,
+    event_at,
+    input_fate,
+    pending_deferred,
+    pending_inputs,
+    turn_events,
+    turn_start_before,
+)
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
 from sessions_app.runtime import admission, dispatch, limits
@@ -71,14 +82,28 @@ def _refuse_if_open(tx: log.SessionTx) -> None:
     raise TurnOpenInLog(f"session {tx.session_id} has an open turn in its log; resume it")
 
 
+Lane = Literal["steer", "follow_up", "passive"]
+Strategy = Literal["reject", "enqueue", "interrupt"]
+STRATEGIES = ("reject", "enqueue", "interrupt")
+Disposition = Literal["started", "queued", "held", "placed", "answered", "withdrawn"]
+
+
 @dataclass(frozen=True)
 class Receipt:
-    disposition: Literal["started", "queued", "held"]
+    """What became of an input, as far as its recorded stage proves:
+    started (it opened a turn), queued, held (a budget or a suspension keeps
+    it from starting), placed (in the transcript at `placed_seq`), answered
+    (the turn it was placed in ended at `answered_seq`), or withdrawn."""
+
+    disposition: Disposition
     seq: int
     turn_seq: int | None
     idempotency_key: str | None = None
     replayed: bool = False
     held_reason: str | None = None
+    lane: str | None = None
+    placed_seq: int | None = None
+    answered_seq: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -88,8 +113,9 @@ class Receipt:
             "idempotency_key": self.idempotency_key,
             "replayed": self.replayed,
         }
-        if self.held_reason is not None:
-            out["held_reason"] = self.held_reason
+        for name in ("held_reason", "lane", "placed_seq", "answered_seq"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
@@ -122,16 +148,45 @@ def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.S
     return Receipt("held", queued.seq, None, key, held_reason=over.message)
 
 
-def _digest(text: str, wake: bool) -> str:
-    return hashlib.sha256(json.dumps([text, wake]).encode()).hexdigest()
+def _digest(text: str, wake: bool, lane: str | None = None, strategy: str | None = None) -> str:
+    # Receipts from before lanes hashed [text, wake]; the same input hashes the same.
+    payload: list[Any] = [text, wake] if lane is None and strategy is None else [text, wake, lane, strategy]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
+def _check_lane(lane: Any, strategy: Any) -> None:
+    if lane is not None and lane not in LANES:
+        raise InvalidInput(f"lane must be one of {', '.join(LANES)}")
+    if strategy is not None and strategy not in STRATEGIES:
+        raise InvalidInput(f"multitask_strategy must be one of {', '.join(STRATEGIES)}")
+    if strategy is not None and lane == "passive":
+        raise InvalidInput("multitask_strategy applies to input that starts a turn; a passive write starts none")
+    if strategy in ("enqueue", "interrupt") and lane == "steer":
+        raise InvalidInput(f"multitask_strategy {strategy} queues a follow-up; it cannot be sent as a steer")
 
 
 def inject(
-    session_id: uuid.UUID | str, text: str, *, wake: bool = False, by: str = "", idempotency_key: str | None = None
+    session_id: uuid.UUID | str,
+    text: str,
+    *,
+    wake: bool = True,
+    by: str = "",
+    idempotency_key: str | None = None,
+    lane: Lane | None = None,
+    multitask_strategy: Strategy | None = None,
 ) -> Receipt:
-    """Admit input. On an idle agent with wake=True it opens a turn
-    ("started"); otherwise it is queued durably and rides the next step of the
-    running turn, or the next turn ("queued").
+    """Admit input. On an idle agent, input that wakes opens a turn
+    ("started"); otherwise it is queued durably in its lane ("queued"):
+
+    - steer (the default while a turn runs): rides the running turn's next
+      step as context/injected;
+    - follow_up: waits for the running turn to end, then opens a turn of its
+      own (on an idle agent it starts one at once, as a steer would);
+    - passive: starts nothing, and is taken in by the next turn that opens.
+
+    `multitask_strategy` says what input that would start a turn does when
+    the agent is busy: reject (TurnAlreadyRunning), enqueue (a follow-up), or
+    interrupt (the running turn is cancelled, and this input opens the next).
 
     Two wakes racing on an idle agent serialize on the row lock: the first
     opens the turn, the second finds it open and queues, so there is exactly
@@ -140,14 +195,19 @@ def inject(
     _check_text(text)
     if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 200):
         raise InvalidInput("idempotency key must be 1..200 characters")
+    _check_lane(lane, multitask_strategy)
+    if lane == "passive":
+        wake = False
+    elif lane == "follow_up" or multitask_strategy is not None:
+        wake = True
     # Input for a new turn while a budget is exhausted is kept, held: it runs
     # once the budget allows (runtime/limits.py, the sweep's held input).
     over = admission_stop(session_id, wake=wake)
-    if wake and idempotency_key is None and over is None:
+    if wake and idempotency_key is None and over is None and multitask_strategy != "interrupt":
         receipt = _start_if_idle(session_id, text, by)
         if receipt is not None:
             return receipt
-    digest = _digest(text, wake)
+    digest = _digest(text, wake, lane, multitask_strategy)
     with log.locked(session_id) as tx:
         if idempotency_key is not None:
             prior = InputReceipt.objects.filter(session_id=tx.session_id, key=idempotency_key).first()
@@ -155,19 +215,7 @@ def inject(
                 if prior.digest != digest:
                     raise IdempotencyConflict("this idempotency key was used with a different payload")
                 return Receipt(prior.disposition, prior.seq, prior.turn_seq, idempotency_key, True)  # type: ignore[arg-type]
-        if wake and tx.row["open_turn_seq"] is None and over is None:
-            turn_seq = admission.open_turn(tx, text, by)
-            receipt = Receipt("started", tx.appended[-1].seq, turn_seq, idempotency_key)
-        elif wake and tx.row["open_turn_seq"] is None and over is not None:
-            receipt = _hold(tx, text, by, idempotency_key, over)
-        else:
-            data: dict[str, Any] = {"text": text, "wake": wake}
-            if by:
-                data["by"] = by
-            if idempotency_key:
-                data["idempotency_key"] = idempotency_key
-            event = tx.append("input/queued", data)
-            receipt = Receipt("queued", event.seq, tx.row["open_turn_seq"], idempotency_key)
+        receipt = _admit(tx, text, wake, by, idempotency_key, over, lane, multitask_strategy)
         if idempotency_key is not None:
             InputReceipt.objects.create(
                 session_id=tx.session_id,
@@ -180,6 +228,118 @@ def inject(
         if (wake or receipt.disposition == "started") and receipt.disposition != "held":
             dispatch.wake(tx.session_id)
     return receipt
+
+
+def _admit(
+    tx: log.SessionTx,
+    text: str,
+    wake: bool,
+    by: str,
+    key: str | None,
+    over: limits.Stop | None,
+    lane: Lane | None,
+    strategy: Strategy | None,
+) -> Receipt:
+    busy = tx.row["open_turn_seq"] is not None
+    if wake and not busy:
+        if over is not None:
+            return _hold(tx, text, by, key, over)
+        turn_seq = admission.open_turn(tx, text, by)
+        return Receipt("started", tx.appended[-1].seq, turn_seq, key)
+    if strategy == "reject":
+        raise TurnAlreadyRunning(f"session {tx.session_id} is busy (multitask_strategy reject)")
+    if strategy == "interrupt":
+        _cancel_in(tx, "")
+    if lane in ("follow_up", "passive") or strategy is not None:
+        return _defer(tx, text, lane or "follow_up", by, key)
+    data: dict[str, Any] = {"text": text, "wake": wake}
+    if by:
+        data["by"] = by
+    if key:
+        data["idempotency_key"] = key
+    event = tx.append("input/queued", data)
+    return Receipt("queued", event.seq, tx.row["open_turn_seq"], key, lane="steer" if lane else None)
+
+
+def _defer(tx: log.SessionTx, text: str, lane: str, by: str, key: str | None) -> Receipt:
+    event = admission.defer(tx, text, lane, by, key)
+    return Receipt("queued", event.seq, None, key, lane=lane)
+
+
+def receipt(session_id: uuid.UUID | str, seq: int) -> Receipt:
+    """The receipt of the input at `seq`, with its current disposition, read
+    from the log (UnknownInput when `seq` is not an input of this session)."""
+    event = event_at(session_id, seq)
+    if event is None:
+        raise UnknownInput(f"session {session_id} has no input at seq {seq}")
+    key = InputReceipt.objects.filter(session_id=session_id, seq=seq).values_list("key", flat=True).first()
+    if event.kind == "user/message" and "source_seq" not in event.data:
+        # Input that opened its turn at once: placed when it was accepted.
+        ended = answered_by(session_id, seq)
+        turn = turn_start_before(session_id, seq)
+        end = ended.seq if ended else None
+        return Receipt("answered" if end else "placed", seq, turn, key, placed_seq=seq, answered_seq=end)
+    if event.kind not in ("input/queued", "input/deferred"):
+        raise UnknownInput(f"seq {seq} of session {session_id} is a {event.kind}, not an input")
+    lane = event.data.get("lane", "steer")
+    placed, end_event = input_fate(session_id, seq)
+    if placed is None:
+        held = Session.objects.filter(id=session_id, held_seq__lte=seq).exists()
+        return Receipt("held" if held else "queued", seq, None, key, lane=lane)
+    if placed.kind == "input/withdrawn":
+        return Receipt("withdrawn", seq, None, key, lane=lane)
+    turn = turn_start_before(session_id, placed.seq)
+    if end_event is None:
+        return Receipt("placed", seq, turn, key, lane=lane, placed_seq=placed.seq)
+    return Receipt("answered", seq, turn, key, lane=lane, placed_seq=placed.seq, answered_seq=end_event.seq)
+
+
+def withdraw(session_id: uuid.UUID | str, seq: int, *, by: str = "") -> Receipt:
+    """Take back input that no turn has taken in yet: an input/withdrawn,
+    logged with who did it. Input already placed cannot be withdrawn
+    (InputConsumed): what the model saw stays seen. Withdrawing it twice
+    answers the first withdrawal's receipt."""
+    with log.locked(session_id) as tx:
+        event = event_at(tx.session_id, seq)
+        if event is None or event.kind not in ("input/queued", "input/deferred", "user/message"):
+            raise UnknownInput(f"session {tx.session_id} has no input at seq {seq}")
+        if event.kind == "user/message":
+            raise InputConsumed(f"input {seq} opened its turn when it arrived; a consumed input cannot be withdrawn")
+        placed, _ = input_fate(tx.session_id, seq)
+        lane = event.data.get("lane", "steer")
+        if placed is not None and placed.kind == "input/withdrawn":
+            return Receipt("withdrawn", seq, None, None, replayed=True, lane=lane)
+        if placed is not None:
+            raise InputConsumed(
+                f"input {seq} was taken into the transcript at seq {placed.seq}; a consumed input cannot be withdrawn"
+            )
+        data: dict[str, Any] = {"source_seq": seq, "lane": lane, **_cursor_moves(tx, seq, lane)}
+        if by:
+            data["by"] = by
+        tx.append("input/withdrawn", data)
+    return Receipt("withdrawn", seq, None, None, lane=lane)
+
+
+def _cursor_moves(tx: log.SessionTx, seq: int, lane: str) -> dict[str, Any]:
+    """How far the withdrawal may move its lane's cursor: up to the next
+    input that still waits (all the way when none does), and only when
+    nothing before it still waits. Decided under the row lock."""
+    row = tx.row
+    steer = lane == "steer"
+    cursor, head = (row["inbox_seq"], row["last_input_seq"]) if steer else (row["deferred_cursor"], row["deferred_seq"])
+    waiting = pending_inputs(tx.session_id, cursor) if steer else pending_deferred(tx.session_id, cursor)
+    others = [e.seq for e in waiting if e.seq != seq]
+    out: dict[str, Any] = {}
+    if not any(o < seq for o in others):
+        to = min(others) - 1 if others else head
+        if to > cursor:
+            out["inbox_to" if steer else "deferred_to"] = to
+    if row["held_seq"] is not None:
+        woken = [e for e in pending_inputs(tx.session_id, row["inbox_seq"]) if e.data.get("wake") and e.seq != seq]
+        follow = [e for e in pending_deferred(tx.session_id, row["deferred_cursor"]) if e.seq != seq]
+        if not woken and not any(e.data["lane"] == "follow_up" for e in follow):
+            out["unhold"] = True
+    return out
 
 
 def _start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> Receipt | None:
@@ -200,23 +360,27 @@ def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
     here and now, under the row lock: waiting for a worker would make Stop
     depend on one. Returns False when there is no open turn."""
     with log.locked(session_id) as tx:
-        turn_seq = tx.row["open_turn_seq"]
-        if turn_seq is None:
-            return False
-        events = turn_events(tx.session_id, turn_seq)
-        if not any(e.kind == "turn/cancel_requested" for e in events):
-            tx.append("turn/cancel_requested", {"by": by} if by else {})
-        for call in pending_from_events(events):
-            data = {"call_id": call.call_id, "verdict": "deny", "reason": "turn cancelled"}
-            if by:
-                data["by"] = by
-            tx.append("approval/resolved", data)
-        if lease_live(tx.row):
-            dispatch.wake(tx.session_id)
-            return True
-        seen = events + [LoggedEvent(e.seq, e.kind, e.data) for e in tx.appended]
-        for kind, data in closing_entries(seen, "cancelled", by=by):
-            tx.append(kind, data)
+        return _cancel_in(tx, by)
+
+
+def _cancel_in(tx: log.SessionTx, by: str) -> bool:
+    turn_seq = tx.row["open_turn_seq"]
+    if turn_seq is None:
+        return False
+    events = turn_events(tx.session_id, turn_seq)
+    if not any(e.kind == "turn/cancel_requested" for e in events):
+        tx.append("turn/cancel_requested", {"by": by} if by else {})
+    for call in pending_from_events(events):
+        data = {"call_id": call.call_id, "verdict": "deny", "reason": "turn cancelled"}
+        if by:
+            data["by"] = by
+        tx.append("approval/resolved", data)
+    if lease_live(tx.row):
+        dispatch.wake(tx.session_id)
+        return True
+    seen = events + [LoggedEvent(e.seq, e.kind, e.data) for e in tx.appended]
+    for kind, data in closing_entries(seen, "cancelled", by=by):
+        tx.append(kind, data)
     return True
 
 

@@ -27,7 +27,7 @@ from sessions_app.models import AgentProfile, Event, OperatorAction, Session, Su
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.registry import lease_live
-from sessions_app.services import inputs
+from sessions_app.services import inputs, schedules
 
 SCOPES = ("global", "profile", "session")
 MAX_REASON_CHARS = 500
@@ -130,6 +130,8 @@ def revoke(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
             tx.append("session/revoked", {"by": by, "reason": reason})
         _record(by, "revoke", "session", str(tx.session_id), reason)
     inputs.cancel(session_id, by=by)
+    # Revoked authority ends its wake-ups too (seed 003): restoring does not revive them.
+    schedules.cancel_for_session(session_id, reason="the session was revoked", by=by)
 
 
 def restore(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:

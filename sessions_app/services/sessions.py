@@ -11,12 +11,14 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from sessions_app import log
-from sessions_app.errors import InvalidInput
+from sessions_app.errors import AgentBusy, InvalidInput
 from sessions_app.log.catalogue import MODEL_ROLES
 from sessions_app.models import Agent, AgentProfile, Session
 from sessions_app.runtime import dispatch, registry
+from sessions_app.services import schedules, titling
 
 
 def create_session(owner: Any, profile: AgentProfile, *, agent_id: str | None = None) -> Session:
@@ -52,3 +54,52 @@ def set_model(session_id: uuid.UUID | str, role: str, spec: str, *, by: str = ""
     if by:
         data["by"] = by
     return log.append(session_id, "model/updated", data)
+
+
+# ---------------------------------------------------------------- rename, archive
+
+
+def rename_session(session_id: uuid.UUID | str, title: str, *, by: str) -> log.AppendedEvent:
+    """A new `session/titled` by a person. The title column follows the
+    latest one, so this wins over the titler's (which only titles a session
+    that has none) and over any earlier rename."""
+    clean = titling.clean(title)
+    if not clean:
+        raise InvalidInput("a title needs some text (one line, at most 80 characters)")
+    if len(" ".join(str(title).split())) > titling.TITLE_MAX:
+        raise InvalidInput(f"a title has at most {titling.TITLE_MAX} characters")
+    data = {"title": clean}
+    if by:
+        data["by"] = by
+    return log.append(session_id, "session/titled", data)
+
+
+def archive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
+    """Hide the session from the list and dispose of its agent. Refused while
+    a turn is open (stop it first): a running agent cannot be disposed, and
+    archiving should not leave work going on out of sight. Its schedules are
+    cancelled. The log is untouched: an archived session stays readable, and
+    unarchive_session brings it back."""
+    with log.locked(session_id) as tx:
+        if tx.row.get("open_turn_seq") is not None:
+            raise InvalidInput("a turn is running: stop it before archiving the session")
+        Session.objects.filter(id=tx.session_id, archived_at__isnull=True).update(archived_at=timezone.now())
+    agent = Agent.objects.filter(session_id=session_id).values_list("agent_id", flat=True).first()
+    if agent is not None:
+        try:
+            dispose_agent(agent, reason="operator", by=by)
+        except (AgentBusy, InvalidInput):
+            pass  # a turn started meanwhile, or the sweep disposed it first: it goes idle in time
+    _cancel_schedules(session_id, by=by)
+    return Session.objects.get(id=session_id)
+
+
+def unarchive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
+    """Show the session in the list again; its agent respawns on the next input."""
+    with log.locked(session_id) as tx:
+        Session.objects.filter(id=tx.session_id).update(archived_at=None)
+    return Session.objects.get(id=session_id)
+
+
+def _cancel_schedules(session_id: uuid.UUID | str, *, by: str) -> None:
+    schedules.cancel_for_session(session_id, reason="session archived", by=by)

@@ -221,6 +221,13 @@ class Hub:
             frame = json.dumps({"type": "delta", "step": message.get("step"), "text": message.get("text", "")})
             for subscriber in list(watch.subscribers):
                 subscriber.on_delta(frame)
+        elif message.get("type") == "log.live":
+            # Live-only news (a tool call's progress): for subscribers that show it.
+            frame = json.dumps({**message, "type": "live"})
+            for subscriber in list(watch.subscribers):
+                on_live = getattr(subscriber, "on_live", None)
+                if on_live is not None:
+                    on_live(frame)
 
 
 _caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameCache] = weakref.WeakKeyDictionary()

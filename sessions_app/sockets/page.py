@@ -60,6 +60,9 @@ class ChatPageConsumer(SessionConsumer):
     def on_delta(self, frame: str) -> None:
         if not self.synced or self.follower is None:
             return
+        if self.held_deltas is not None:
+            self.held_deltas.append(frame)  # after the step's text so far (SessionConsumer._send_partial)
+            return
         delta = json.loads(frame)
         html = self.follower.delta(int(delta.get("step") or 0), str(delta.get("text") or ""))
         if not html:
@@ -68,6 +71,15 @@ class ChatPageConsumer(SessionConsumer):
             self.outbox.put_nowait(html)
         except asyncio.QueueFull:
             self.deltas_dropped += 1  # best-effort by design: assistant/message has the full text
+
+    def on_partial(self, step: int, text: str) -> None:
+        """A reload mid-reply: the streaming bubble starts with the text so far."""
+        if self.follower is None or step <= self.follower.closed_step:
+            return
+        try:
+            self.outbox.put_nowait(self.follower.bubble(step, text))
+        except asyncio.QueueFull:
+            self.deltas_dropped += 1
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         return  # the page sends nothing on this socket

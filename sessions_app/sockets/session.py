@@ -52,7 +52,7 @@ from sessions_app.api.errors import (
 )
 from sessions_app.api.schemas import FRAMES, ClientFrame
 from sessions_app.errors import InvalidInput, TerretError
-from sessions_app.log import hints, reads
+from sessions_app.log import hints, partial, reads
 from sessions_app.sockets import frames, hub
 from sessions_app.sockets.auth import live_user
 
@@ -81,6 +81,28 @@ class AccessLost(NotAllowed):
 class _Close:
     def __init__(self, code: int) -> None:
         self.code = code
+
+
+def not_yet_in(step: int, text: str, held: list[str]) -> list[str]:
+    """The held frames minus the deltas of `step` that `text` (read from the
+    store meanwhile) already ends with. The worker keeps a delta before it
+    publishes it, so the deltas the text holds are a prefix of the held ones;
+    at the seam a few characters may repeat or be missing until the step's
+    message lands (deltas are best-effort, the message is exact)."""
+    texts = []
+    for frame in held:
+        data = json.loads(frame)
+        same = data.get("type") == "delta" and data.get("step") == step
+        texts.append(str(data.get("text") or "") if same else None)
+    covered = 0
+    joined = ""
+    for i, piece in enumerate(texts):
+        if piece is None:
+            continue
+        joined += piece
+        if text.endswith(joined):
+            covered = i + 1
+    return [frame for i, frame in enumerate(held) if i >= covered or texts[i] is None]
 
 
 def parse_after(scope: dict[str, Any]) -> int:
@@ -154,6 +176,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.target = 0
         self.synced = False
         self.deltas_dropped = 0
+        # While the open step's text so far is read (see _send_partial): the deltas that arrive meanwhile.
+        self.held_deltas: list[str] | None = None
         await self.accept()
 
         user = self.scope.get("user")
@@ -248,10 +272,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
     def on_delta(self, frame: str) -> None:
         if not self.synced:
             return  # mid-replay the client is not looking at the live step yet
+        if self.held_deltas is not None:
+            self.held_deltas.append(frame)  # sent after the step's text so far (_send_partial)
+            return
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
             self.deltas_dropped += 1  # best-effort by design: assistant/message has the full text
+
+    def on_live(self, frame: str) -> None:
+        """A live hint (a tool call's progress): best-effort, like a delta."""
+        self.on_delta(frame)
 
     # ------------------------------------------------------------ writer
 
@@ -284,8 +315,10 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._send_events(rows)
             if len(rows) < reads.PAGE:
                 break
+        self.held_deltas = []
         self.synced = True
         await self.outbox.put(self.synced_frame())
+        await self._send_partial()
         while True:
             self.wake.clear()
             if self.target > self.last_sent:
@@ -304,6 +337,29 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     await self.outbox.put(_Close(4403))
                     return
                 await self._send_events(rows)
+
+    async def _send_partial(self) -> None:
+        """Once caught up: the open step's text streamed so far (log/partial.py),
+        so a client that connects mid-reply shows its start. Deltas that arrive
+        while it is read are held, and those the text already holds dropped."""
+        assert self.sid is not None
+        found: tuple[int, str] | None = None
+        try:
+            found = await _in_thread(partial.so_far, hub.READ_POOL)(self.sid)
+        finally:
+            held, self.held_deltas = self.held_deltas or [], None
+        if found is not None:
+            self.on_partial(*found)
+            held = not_yet_in(found[0], found[1], held)
+        for frame in held:
+            self.on_delta(frame)
+
+    def on_partial(self, step: int, text: str) -> None:
+        """The `partial` frame: the step's whole text so far; it replaces any deltas of that step."""
+        try:
+            self.outbox.put_nowait(json.dumps({"type": "partial", "step": step, "text": text}))
+        except asyncio.QueueFull:
+            self.deltas_dropped += 1  # best-effort, as deltas are
 
     async def _send_events(self, rows: list[reads.EventFrame]) -> None:
         for seq, text in rows:
@@ -369,9 +425,35 @@ class SessionConsumer(AsyncWebsocketConsumer):
         sid = self.sid
         match frame.type:
             case "inject":
-                return {"receipt": ops.inject(user, sid, frame.text, frame.wake, frame.idempotency_key)}
+                return {
+                    "receipt": ops.inject(
+                        user,
+                        sid,
+                        frame.text,
+                        frame.wake,
+                        frame.idempotency_key,
+                        lane=frame.lane,
+                        multitask_strategy=frame.multitask_strategy,
+                    )
+                }
+            case "withdraw":
+                return {"receipt": ops.withdraw(user, sid, frame.seq)}
+            case "schedule":
+                made, _ = ops.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
+                return {"schedule": made}
+            case "cancel_schedule":
+                return {"schedule": ops.cancel_schedule(user, sid, frame.schedule_id)}
             case "approve" | "deny":
-                return ops.decide(user, sid, frame.call_id, frame.type, frame.reason, frame.request_seq)
+                return ops.decide(
+                    user,
+                    sid,
+                    frame.call_id,
+                    frame.type,
+                    frame.reason,
+                    frame.request_seq,
+                    edited_args=frame.edited_args,
+                    allow_for_session=frame.allow_for_session,
+                )
             case "cancel":
                 return ops.cancel(user, sid)
             case "retry":
@@ -384,6 +466,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 return ops.set_model(user, sid, frame.role, frame.spec)
             case "budget":
                 return {"budget": ops.set_budget(user, sid, frame.limit.model_dump())}
+            case "fork":
+                return {"session": ops.fork(user, sid, frame.at_seq, frame.policy)}
             case "ping":
                 ops.session_for(user, sid, "view")
                 return {}

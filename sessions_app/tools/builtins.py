@@ -29,6 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from .base import Definition, Reconciliation, ToolContext, ToolError
+from .schedules import DEFINITIONS as SCHEDULE_TOOLS
 
 MAX_READ_BYTES = 256 * 1024
 MAX_WRITE_BYTES = 256 * 1024
@@ -303,5 +304,6 @@ BUILTINS: dict[str, Definition] = {
             in_process=True,
             replay="never",
         ),
+        *SCHEDULE_TOOLS,
     )
 }

@@ -1,4 +1,5 @@
-"""Stdio MCP servers, reached through the official `mcp` SDK (2.x).
+"""MCP servers, over stdio or Streamable HTTP, reached through the official
+`mcp` SDK (2.x).
 
 The SDK is async and its client sessions are bound to the event loop and task
 that opened them, while Terret's turn loop runs in plain worker threads. So one
@@ -8,6 +9,13 @@ started on first use. Sync callers hand coroutines to the loop with
 `asyncio.run_coroutine_threadsafe` and wait for the answer. Every piece of
 manager state is touched only on the loop thread, which is what makes the
 manager safe to call from many worker threads at once.
+
+A remote (Streamable HTTP) server's headers are templates: `${VAR}` is
+replaced from the worker's environment when the connection opens, so a
+secret lives in the environment only, never in the profile, the log or an
+error message. A tool call's progress notifications go to the call's
+progress sink (the runtime turns them into live hints); its result keeps
+images as attachments beside the text (llm.types.ToolText).
 """
 
 from __future__ import annotations
@@ -29,19 +37,30 @@ from types import TracebackType
 from typing import Any, Self, TextIO, TypeVar, cast
 
 import anyio
+import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client import Transport
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     CONNECTION_CLOSED,
+    INTERNAL_ERROR,
     REQUEST_TIMEOUT,
+    AudioContent,
+    BlobResourceContents,
     CallToolResult,
     ContentBlock,
+    EmbeddedResource,
+    ImageContent,
     RequestParamsMeta,
+    ResourceLink,
     TextContent,
+    TextResourceContents,
     Tool,
 )
 from pydantic import ValidationError
+
+from sessions_app.llm.types import ToolText
 
 from .base import Definition, Replay, ToolContext, ToolError
 
@@ -70,10 +89,36 @@ _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 META_IDEMPOTENCY_KEY = "io.terret/idempotency_key"
 META_ATTEMPT = "io.terret/attempt"
 META_FENCE = "io.terret/fence"
+# A remote server's HTTP timeouts: connecting, and the longest silence on a
+# response stream (a long call's stream may be quiet; the call's own timeout
+# is the SDK's read timeout, below this).
+HTTP_CONNECT_TIMEOUT = 30.0
+HTTP_READ_TIMEOUT = MAX_CALL_TIMEOUT + 60.0
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_STRAY_PLACEHOLDER = re.compile(r"\$\{")
+# Headers that carry credentials: their value must come from the environment.
+_SECRET_HEADERS = re.compile(r"(authorization|cookie|token|secret|key|auth|password|session)", re.IGNORECASE)
+# Progress notifications are forwarded at most this often per call (the last
+# one, progress == total, always), so a chatty server cannot flood sockets.
+PROGRESS_INTERVAL = 0.1
+
+# What a call's progress is reported to: (progress, total, message).
+ProgressFn = Callable[[float, float | None, str | None], None]
+# What a registry gives a server's tools to report progress with: the call's
+# context and one notification, as a `tool/progress` hint payload.
+ProgressSink = Callable[[ToolContext, dict[str, Any]], None]
 
 
 class MCPUnavailable(ToolError):
     """The MCP server could not be started or stopped answering."""
+
+
+class MCPConfigError(ValueError):
+    """A server's configuration cannot be used in this process (a header
+    names an environment variable that is not set). A ValueError, as every
+    configuration mistake is: it fails the turn with its message rather than
+    leaving the server's tools out."""
 
 
 @dataclass(frozen=True)
@@ -96,30 +141,108 @@ class ServerKey:
 
 
 @dataclass(frozen=True)
+class HttpKey:
+    """A remote server reached over Streamable HTTP: its URL and its header
+    templates (`${VAR}` placeholders, resolved at connect time)."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    server: str = ""  # the profile's name for it, for error messages only
+
+    @property
+    def label(self) -> str:
+        """The URL without credentials or query (neither belongs in a log)."""
+        parts = httpx2.URL(self.url)
+        return f"{parts.scheme}://{parts.host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+    def resolved_headers(self) -> dict[str, str]:
+        """The headers with every `${VAR}` replaced from the environment; an
+        unset variable is a configuration error naming it (never its value)."""
+        resolved = {}
+        for header, template in self.headers:
+            missing = [v for v in _PLACEHOLDER.findall(template) if v not in os.environ]
+            if missing:
+                raise MCPConfigError(
+                    f"MCP server {self.server!r}: header {header!r} needs the environment variable "
+                    f"{missing[0]}, which is not set in this worker's environment"
+                )
+            resolved[header] = _PLACEHOLDER.sub(lambda m: os.environ[m.group(1)], template)
+        return resolved
+
+
+Key = ServerKey | HttpKey
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    """One validated entry of `AgentProfile.mcp_servers`."""
+    """One validated entry of `AgentProfile.mcp_servers`: a stdio server
+    (`command`) or a remote one (`url`)."""
 
     name: str
-    key: ServerKey
+    key: Key
     timeout: float
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ServerConfig:
-        name, command = raw.get("name"), raw.get("command")
-        args, env = raw.get("args", []), raw.get("env", {})
+        name = raw.get("name")
         timeout = raw.get("timeout", DEFAULT_CALL_TIMEOUT)
         if not isinstance(name, str) or not _SERVER_NAME.match(name):
             raise ValueError(f"MCP server name {name!r} must be 1-64 letters, digits, '_' or '-'")
-        if not isinstance(command, str) or not command:
-            raise ValueError(f"MCP server {name!r}: command must be a non-empty string")
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ValueError(f"MCP server {name!r}: args must be a list of strings")
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ValueError(f"MCP server {name!r}: env must map strings to strings")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_CALL_TIMEOUT:
             raise ValueError(f"MCP server {name!r}: timeout must be a number of seconds in (0, {MAX_CALL_TIMEOUT:g}]")
-        key = ServerKey(command, tuple(args), tuple(sorted(env.items())))
+        if "url" in raw and "command" in raw:
+            raise ValueError(f"MCP server {name!r}: give either a command (stdio) or a url (Streamable HTTP), not both")
+        key = _http_key(name, raw) if "url" in raw else _stdio_key(name, raw)
         return cls(name=name, key=key, timeout=float(timeout))
+
+
+def _stdio_key(name: str, raw: Mapping[str, Any]) -> ServerKey:
+    command, args, env = raw.get("command"), raw.get("args", []), raw.get("env", {})
+    if "headers" in raw:
+        raise ValueError(f"MCP server {name!r}: headers apply to a url server only; a stdio server takes env")
+    if not isinstance(command, str) or not command:
+        raise ValueError(f"MCP server {name!r}: command must be a non-empty string")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError(f"MCP server {name!r}: args must be a list of strings")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError(f"MCP server {name!r}: env must map strings to strings")
+    return ServerKey(command, tuple(args), tuple(sorted(env.items())))
+
+
+def _http_key(name: str, raw: Mapping[str, Any]) -> HttpKey:
+    url, headers = raw.get("url"), raw.get("headers", {})
+    stray = sorted(k for k in ("command", "args", "env") if k in raw)
+    if stray:
+        raise ValueError(f"MCP server {name!r}: {', '.join(stray)} apply to a stdio server only, not to a url")
+    try:
+        parsed = httpx2.URL(url) if isinstance(url, str) else None
+    except Exception:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"MCP server {name!r}: url must be an http:// or https:// URL")
+    if parsed.userinfo:
+        raise ValueError(f"MCP server {name!r}: put credentials in headers from the environment, not in the url")
+    if not isinstance(headers, dict):
+        raise ValueError(f"MCP server {name!r}: headers must map header names to strings")
+    for header, value in headers.items():
+        _check_header(name, header, value)
+    return HttpKey(url, tuple(sorted(headers.items())), server=name)
+
+
+def _check_header(name: str, header: Any, value: Any) -> None:
+    if not isinstance(header, str) or not _HEADER_NAME.match(header):
+        raise ValueError(f"MCP server {name!r}: {header!r} is not a valid header name")
+    if not isinstance(value, str) or "\n" in value or "\r" in value:
+        raise ValueError(f"MCP server {name!r}: header {header!r} must be a one-line string")
+    if _STRAY_PLACEHOLDER.search(_PLACEHOLDER.sub("", value)):
+        raise ValueError(f"MCP server {name!r}: header {header!r} has a malformed placeholder; write ${{NAME}}")
+    if _SECRET_HEADERS.search(header) and not _PLACEHOLDER.search(value):
+        # The profile is stored in the database and shown in the admin: a
+        # credential written into it would be a secret in the wrong place.
+        raise ValueError(
+            f"MCP server {name!r}: header {header!r} carries a credential, so its value must come from the "
+            f'environment, e.g. "Bearer ${{MCP_TOKEN}}"'
+        )
 
 
 Config = ServerConfig | Mapping[str, Any]
@@ -193,12 +316,28 @@ async def _watched_stdio(params: StdioServerParameters, on_eof: Callable[[], Non
         yield _EofWatch(read_stream, on_eof), write_stream
 
 
+@contextlib.asynccontextmanager
+async def _remote(key: HttpKey, headers: dict[str, str], on_eof: Callable[[], None]) -> AsyncIterator[Any]:
+    """A Streamable HTTP connection with the resolved headers on every request
+    (the POSTs, the GET stream, the DELETE at close)."""
+    timeout = httpx2.Timeout(HTTP_CONNECT_TIMEOUT, read=HTTP_READ_TIMEOUT)
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+        async with streamable_http_client(key.url, http_client=http) as (read_stream, write_stream):
+            yield _EofWatch(read_stream, on_eof), write_stream
+
+
+def _transport(key: Key, on_eof: Callable[[], None]) -> Transport:
+    if isinstance(key, HttpKey):
+        return _remote(key, key.resolved_headers(), on_eof)
+    return _watched_stdio(key.parameters(), on_eof)
+
+
 class _Connection:
     """One server process and its client session, owned by one task on the
     manager's loop (the SDK's task groups must be entered and left by the
     same task)."""
 
-    def __init__(self, key: ServerKey) -> None:
+    def __init__(self, key: Key) -> None:
         self.key = key
         self.client: Client | None = None
         self.dead = False
@@ -208,7 +347,10 @@ class _Connection:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Client:
-        self._task = asyncio.get_running_loop().create_task(self._serve(), name=f"mcp {self.key.label}")
+        # Headers are resolved here, before anything starts: an unset variable
+        # is the profile's mistake (MCPConfigError), not a server failure.
+        transport = _transport(self.key, self._on_eof)
+        self._task = asyncio.get_running_loop().create_task(self._serve(transport), name=f"mcp {self.key.label}")
         await self._ready.wait()
         if self.client is None:
             raise MCPUnavailable(f"MCP server {self.key.label!r} could not start: {_describe(self._error)}")
@@ -220,8 +362,7 @@ class _Connection:
         self.dead = True
         self._stop.set()
 
-    async def _serve(self) -> None:
-        transport: Transport = _watched_stdio(self.key.parameters(), self._on_eof)
+    async def _serve(self, transport: Transport) -> None:
         try:
             # The client-wide read timeout bounds the handshake; calls pass their own.
             async with Client(transport, read_timeout_seconds=STARTUP_TIMEOUT) as client:
@@ -260,17 +401,17 @@ class MCPManager:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         # Below: loop-thread only.
-        self._connections: dict[ServerKey, _Connection] = {}
-        self._start_locks: dict[ServerKey, asyncio.Lock] = {}
-        self._tools: dict[ServerKey, list[Tool]] = {}
-        self._start_failures: dict[ServerKey, tuple[float, str]] = {}
+        self._connections: dict[Key, _Connection] = {}
+        self._start_locks: dict[Key, asyncio.Lock] = {}
+        self._tools: dict[Key, list[Tool]] = {}
+        self._start_failures: dict[Key, tuple[float, str]] = {}
 
     # -- sync API -------------------------------------------------------
 
-    def list_tools(self, config: Config) -> list[Definition]:
+    def list_tools(self, config: Config, progress: ProgressSink | None = None) -> list[Definition]:
         cfg = _config(config)
         tools = self._run(self._list_tools(cfg.key), STARTUP_TIMEOUT * 2)
-        return [_definition(self, cfg, tool) for tool in tools]
+        return [_definition(self, cfg, tool, progress) for tool in tools]
 
     def call_tool(
         self,
@@ -279,10 +420,11 @@ class MCPManager:
         args: dict[str, Any],
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
-    ) -> str:
+        on_progress: ProgressFn | None = None,
+    ) -> ToolText:
         cfg = _config(config)
         limit = cfg.timeout if timeout is None else timeout
-        return self._run(self._call_tool(cfg.key, tool, args, limit, meta), limit + STARTUP_TIMEOUT)
+        return self._run(self._call_tool(cfg.key, tool, args, limit, meta, on_progress), limit + STARTUP_TIMEOUT)
 
     def is_running(self, config: Config) -> bool:
         """Whether a live session exists for this config (for tests and health checks)."""
@@ -345,11 +487,11 @@ class MCPManager:
 
     # -- on the loop ----------------------------------------------------
 
-    async def _is_running(self, key: ServerKey) -> bool:
+    async def _is_running(self, key: Key) -> bool:
         conn = self._connections.get(key)
         return conn is not None and not conn.dead and conn.client is not None
 
-    async def _client(self, key: ServerKey) -> tuple[_Connection, Client]:
+    async def _client(self, key: Key) -> tuple[_Connection, Client]:
         lock = self._start_locks.setdefault(key, asyncio.Lock())
         async with lock:
             conn = self._connections.get(key)
@@ -361,7 +503,7 @@ class MCPManager:
                 await conn.close()
             return await self._start(key)
 
-    async def _start(self, key: ServerKey) -> tuple[_Connection, Client]:
+    async def _start(self, key: Key) -> tuple[_Connection, Client]:
         now = time.monotonic()
         failed = self._start_failures.get(key)
         if failed is not None and now - failed[0] < START_BACKOFF:
@@ -376,7 +518,7 @@ class MCPManager:
         self._connections[key] = conn
         return conn, client
 
-    async def _list_tools(self, key: ServerKey) -> list[Tool]:
+    async def _list_tools(self, key: Key) -> list[Tool]:
         if key in self._tools:
             return self._tools[key]
         # Listing has no side effects, so one retry over a fresh server is safe.
@@ -384,7 +526,7 @@ class MCPManager:
         try:
             tools = await _list_all(client)
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+            if not _gone(exc, key):
                 raise _unlistable(key, exc.message) from exc
             conn.dead = True
             conn, client = await self._client(key)
@@ -399,17 +541,21 @@ class MCPManager:
 
     async def _call_tool(
         self,
-        key: ServerKey,
+        key: Key,
         tool: str,
         args: dict[str, Any],
         read_timeout: float,
         meta: Mapping[str, Any] | None = None,
-    ) -> str:
+        on_progress: ProgressFn | None = None,
+    ) -> ToolText:
         conn, client = await self._client(key)
         # RequestParamsMeta is an open TypedDict (extra_items), which mypy does not model.
         request_meta = cast(RequestParamsMeta, dict(meta)) if meta else None
+        progress = _progress_callback(on_progress) if on_progress is not None else None
         try:
-            result = await client.call_tool(tool, args, read_timeout_seconds=read_timeout, meta=request_meta)
+            result = await client.call_tool(
+                tool, args, read_timeout_seconds=read_timeout, progress_callback=progress, meta=request_meta
+            )
         except MCPError as exc:
             raise _call_error(conn, tool, read_timeout, exc) from exc
         except ValidationError as exc:
@@ -417,9 +563,9 @@ class MCPManager:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             conn.dead = True
             raise _exited(tool) from exc
-        text = _result_text(result)
+        text = _result(result)
         if result.is_error:
-            raise ToolError(text or f"MCP tool {tool!r} failed")
+            raise ToolError(str(text) or f"MCP tool {tool!r} failed")
         return text
 
     async def _close_all(self) -> None:
@@ -432,7 +578,7 @@ class MCPManager:
 def _call_error(conn: _Connection, tool: str, timeout: float, exc: MCPError) -> ToolError:
     if exc.code == REQUEST_TIMEOUT:
         return ToolError(f"MCP tool {tool!r} timed out after {timeout:g}s")
-    if exc.code == CONNECTION_CLOSED:
+    if _gone(exc, conn.key):
         # Not retried here: the server may have died while running the call,
         # and re-running it is the turn loop's decision, not the transport's.
         conn.dead = True
@@ -440,7 +586,37 @@ def _call_error(conn: _Connection, tool: str, timeout: float, exc: MCPError) -> 
     return ToolError(f"MCP error calling {tool!r}: {exc.message}")
 
 
-def _unlistable(key: ServerKey, reason: str) -> MCPUnavailable:
+def _gone(exc: MCPError, key: Key) -> bool:
+    """The connection is no use any more: a stdio server exited, or a remote
+    one answered at the HTTP level instead of in JSON-RPC (a restarted server
+    that forgot our session says 404, "Session terminated", or, as
+    server-everything does, 400; one that is down cannot be reached). The
+    next call connects afresh; a spurious reconnect costs one handshake."""
+    if exc.code == CONNECTION_CLOSED:
+        return True
+    return isinstance(key, HttpKey) and (exc.code == INTERNAL_ERROR or exc.message == "Session terminated")
+
+
+def _progress_callback(report: ProgressFn) -> Callable[[float, float | None, str | None], Coroutine[Any, Any, None]]:
+    """The SDK's async progress callback (run on the manager's loop) around a
+    sync reporter, throttled to one report per PROGRESS_INTERVAL (the final
+    one, progress == total, always goes through)."""
+    last = [0.0]
+
+    async def callback(progress: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        if now - last[0] < PROGRESS_INTERVAL and (total is None or progress < total):
+            return
+        last[0] = now
+        try:
+            report(progress, total, message)
+        except Exception:  # progress is a courtesy; it never breaks the call
+            logger.warning("a progress report failed", exc_info=True)
+
+    return callback
+
+
+def _unlistable(key: Key, reason: str) -> MCPUnavailable:
     return MCPUnavailable(f"MCP server {key.label!r} could not list its tools: {reason}")
 
 
@@ -460,18 +636,53 @@ async def _list_all(client: Client) -> list[Tool]:
     return tools
 
 
-def _result_text(result: CallToolResult) -> str:
-    parts = [_block_text(block) for block in result.content]
-    if not parts and result.structured_content is not None:
-        return json.dumps(result.structured_content, ensure_ascii=False)
-    return "\n".join(parts)
+def _result(result: CallToolResult) -> ToolText:
+    """The result as text the model reads, images kept as attachments. Every
+    block is said in order; an image is a line naming it ("[image 1:
+    image/png, 95 bytes]") and its data goes in the attachments. Structured
+    content is added as JSON when no text block carries it: the spec asks a
+    server to send its serialized form as text too, and most do (some as
+    the bare value of a `{"result": ...}` wrapper), so a result with text
+    is taken to say it already."""
+    parts: list[str] = []
+    images: list[dict[str, Any]] = []
+    for block in result.content:
+        parts.append(_block_text(block, images))
+    structured = result.structured_content
+    if structured is not None and not any(isinstance(block, TextContent) for block in result.content):
+        parts.append("structured content: " + json.dumps(structured, ensure_ascii=False))
+    return ToolText("\n".join(parts), images)
 
 
-def _block_text(block: ContentBlock) -> str:
+def _block_text(block: ContentBlock, images: list[dict[str, Any]]) -> str:
     if isinstance(block, TextContent):
         return block.text
-    mime = getattr(block, "mime_type", None)
-    return f"[{block.type} content{f' ({mime})' if mime else ''} omitted]"
+    if isinstance(block, ImageContent):
+        return _image(block.mime_type, block.data, images)
+    if isinstance(block, EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, TextResourceContents):
+            return f"[resource {resource.uri}]\n{resource.text}"
+        if isinstance(resource, BlobResourceContents) and (resource.mime_type or "").startswith("image/"):
+            return _image(resource.mime_type or "image/png", resource.blob, images, f" (resource {resource.uri})")
+        blob = resource.blob if isinstance(resource, BlobResourceContents) else ""
+        return f"[resource {resource.uri} ({resource.mime_type or 'binary'}, {_b64_size(blob)} bytes) not shown]"
+    if isinstance(block, ResourceLink):
+        mime = f", {block.mime_type}" if block.mime_type else ""
+        return f"[resource link: {block.name} {block.uri}{mime}]"
+    if isinstance(block, AudioContent):
+        return f"[audio ({block.mime_type}, {_b64_size(block.data)} bytes) not shown: Terret passes no audio to models]"
+    return f"[{block.type} content omitted]"
+
+
+def _image(mime: str, data: str, images: list[dict[str, Any]], where: str = "") -> str:
+    images.append({"type": "image", "mime_type": mime, "data": data})
+    return f"[image {len(images)}: {mime}, {_b64_size(data)} bytes{where}]"
+
+
+def _b64_size(data: str) -> int:
+    """Decoded size of base64 text, without decoding it."""
+    return len(data) * 3 // 4 - data[-2:].count("=") if data else 0
 
 
 def ledger_meta(ctx: ToolContext) -> dict[str, Any] | None:
@@ -482,7 +693,7 @@ def ledger_meta(ctx: ToolContext) -> dict[str, Any] | None:
     return {META_IDEMPOTENCY_KEY: ctx.idempotency_key, META_ATTEMPT: ctx.attempt, META_FENCE: ctx.fence}
 
 
-def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool) -> Definition:
+def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool, progress: ProgressSink | None = None) -> Definition:
     hints = tool.annotations
     # The policy from the server's hints. Only `readOnlyHint: true` makes a
     # tool harmless: not mutating, idempotent, replay `safe`, never asked.
@@ -498,7 +709,8 @@ def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool) -> Definitio
     remote_name = tool.name
 
     def handler(ctx: ToolContext, args: dict[str, Any]) -> str:
-        return manager.call_tool(cfg, remote_name, args, meta=ledger_meta(ctx))
+        report = _reporter(progress, ctx) if progress is not None else None
+        return manager.call_tool(cfg, remote_name, args, meta=ledger_meta(ctx), on_progress=report)
 
     return Definition(
         name=f"mcp.{cfg.name}.{tool.name}",
@@ -510,6 +722,18 @@ def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool) -> Definitio
         idempotent=idempotent,
         replay=replay,
     )
+
+
+def _reporter(sink: ProgressSink, ctx: ToolContext) -> ProgressFn:
+    def report(progress: float, total: float | None, message: str | None) -> None:
+        payload: dict[str, Any] = {"kind": "tool/progress", "call_id": ctx.call_id, "progress": progress}
+        if total is not None:
+            payload["total"] = total
+        if message:
+            payload["message"] = message[:500]
+        sink(ctx, payload)
+
+    return report
 
 
 # -- the process-wide manager ---------------------------------------------
@@ -526,9 +750,10 @@ def manager() -> MCPManager:
         return _manager
 
 
-def list_tools(config: Config) -> list[Definition]:
-    """The server's tools as Definitions named `mcp.<server>.<tool>`."""
-    return manager().list_tools(config)
+def list_tools(config: Config, progress: ProgressSink | None = None) -> list[Definition]:
+    """The server's tools as Definitions named `mcp.<server>.<tool>`; their
+    calls report progress notifications to `progress`."""
+    return manager().list_tools(config, progress)
 
 
 def call_tool(
@@ -537,10 +762,12 @@ def call_tool(
     args: dict[str, Any],
     timeout: float | None = None,
     meta: Mapping[str, Any] | None = None,
-) -> str:
-    """Call `tool` (its name on the server) and return its text content;
-    `meta` goes in the request's `_meta` (see `ledger_meta`)."""
-    return manager().call_tool(config, tool, args, timeout, meta)
+    on_progress: ProgressFn | None = None,
+) -> ToolText:
+    """Call `tool` (its name on the server) and return its content as text
+    (images in `.attachments`); `meta` goes in the request's `_meta` (see
+    `ledger_meta`); progress notifications go to `on_progress`."""
+    return manager().call_tool(config, tool, args, timeout, meta, on_progress)
 
 
 def shutdown() -> None:

@@ -5,6 +5,10 @@ servers list, and its approval overrides. Building one can mean starting MCP
 servers, so registries are cached per process, keyed by the profile and a hash
 of its tool configuration: a turn step reuses the cached one, and an admin
 edit changes the hash and so takes effect on the next step.
+
+MCP tools report their calls' progress notifications through the one
+process-wide progress sink (`on_progress`), which the runtime points at the
+session's live hints; the tools layer itself sends nothing anywhere.
 """
 
 from __future__ import annotations
@@ -14,19 +18,37 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, cast, get_args
 
 from sessions_app.llm.types import ToolSpec
 from sessions_app.models import AgentProfile
 
-from .base import Approval, Definition
+from .base import Approval, Definition, ToolContext
 from .builtins import BUILTINS
 
 logger = logging.getLogger(__name__)
 
 APPROVALS: frozenset[str] = frozenset(get_args(Approval))
+
+# Where a tool call's progress goes: (session id, hint payload
+# {"kind": "tool/progress", "call_id", "progress", "total"?, "message"?}).
+ProgressReceiver = Callable[[Any, dict[str, Any]], None]
+_progress_receiver: ProgressReceiver | None = None
+
+
+def on_progress(receiver: ProgressReceiver | None) -> None:
+    """Send every MCP tool call's progress notifications to `receiver` (the
+    runtime sets it to the live-hint publisher; None drops them)."""
+    global _progress_receiver
+    _progress_receiver = receiver
+
+
+def _report_progress(ctx: ToolContext, payload: dict[str, Any]) -> None:
+    receiver = _progress_receiver
+    if receiver is not None:
+        receiver(ctx.session_id, payload)
 
 
 class Registry(Mapping[str, Definition]):
@@ -90,7 +112,7 @@ def build_registry(
     degraded = False
     for config in configs:
         try:
-            definitions.extend(mcp.list_tools(config))
+            definitions.extend(mcp.list_tools(config, _report_progress))
         except mcp.MCPUnavailable:
             if strict:
                 raise

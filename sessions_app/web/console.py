@@ -24,6 +24,7 @@ from sessions_app.errors import TerretError
 from sessions_app.models import AgentProfile, OperatorAction
 from sessions_app.permissions import is_operator
 from sessions_app.services import operators
+from sessions_app.web.schedules import due_soon
 
 RECENT_ACTIONS = 20
 
@@ -77,6 +78,7 @@ def index(request: HttpRequest) -> HttpResponse:
             "recent": OperatorAction.objects.order_by("-at")[:RECENT_ACTIONS],
             "profiles": AgentProfile.objects.order_by("name").values_list("name", flat=True)[:200],
             "scopes": operators.SCOPES,
+            "schedules": due_soon(),
         },
     )
 

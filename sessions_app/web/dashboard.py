@@ -45,6 +45,7 @@ from sessions_app.services.usage import (
     totals_of,
 )
 from sessions_app.web.charts import cost_chart
+from sessions_app.web.listing import LIST_PAGE_PREFIX, list_fragment
 from sessions_app.web.present import status_label
 from sessions_app.web.socket_paths import socket_url
 
@@ -126,7 +127,10 @@ TOO_LARGE_NOTICE = (
 
 
 def dashboard_fragment(user: Any, page_number: Any) -> str:
-    """The body partial as the page's socket sends it (an out-of-band swap)."""
+    """The body partial as the page's socket sends it (an out-of-band swap).
+    The session list follows the same socket: its page asks for `list-N`."""
+    if isinstance(page_number, str) and page_number.startswith(LIST_PAGE_PREFIX):
+        return list_fragment(user, page_number.removeprefix(LIST_PAGE_PREFIX))
     context = {**dashboard_context(user, page_number), "oob": True}
     return render_to_string("dashboard/index.html#body", context)
 

@@ -33,7 +33,17 @@ class MessageForm(forms.Form):
         max_length=MAX_INPUT_CHARS,
         strip=False,
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Message the agent", "autocomplete": "off"}),
-        error_messages={"required": "Type a message first."},
+        error_messages={
+            "required": "Type a message first.",
+            "max_length": "Too long: %(show_value)s characters, the limit is %(limit_value)s. Nothing was sent; "
+            "shorten it or split it into parts.",
+        },
+    )
+    # Which lane a message sent while a turn runs takes (blank: a steer).
+    lane = forms.ChoiceField(
+        choices=[("", "auto"), ("steer", "Steer now"), ("follow_up", "Send after this turn")],
+        required=False,
+        error_messages={"invalid_choice": "Pick Steer now or Send after this turn."},
     )
     # A fresh key per rendered form: a resubmitted POST (refresh, double
     # click, a retried htmx request) replays its receipt instead of running

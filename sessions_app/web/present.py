@@ -30,8 +30,9 @@ from sessions_app.permissions import can_resolve
 from sessions_app.runtime.limits import Exceeded
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
-from sessions_app.services.usage import format_cost
+from sessions_app.services.usage import USAGE_KINDS, Totals, entry_totals, format_cost
 from sessions_app.web.forms import BudgetForm
+from sessions_app.web.markdown import render_markdown
 
 # Kinds that are bookkeeping rather than conversation: rendered (so every seq
 # has exactly one element) but hidden unless "show all events" is ticked.
@@ -52,6 +53,12 @@ META_KINDS = frozenset(
         "tool/attempt",
     }
 )
+# The events of one tool call after the message that made it: shown together
+# on the call's card (its approval, its result), so their own rows are quiet.
+CALL_KINDS = frozenset({"approval/requested", "approval/resolved", "tool/attempt", "tool/result"})
+CARD_QUIET = frozenset({"approval/requested", "approval/resolved", "tool/result"})
+# Kinds whose text is shown as Markdown.
+MARKDOWN_KINDS = frozenset({"user/message", "context/injected", "input/queued", "input/deferred", "assistant/message"})
 STATUS_LABELS = {
     "idle": "idle",
     "running": "running",
@@ -99,6 +106,9 @@ class EventRow:
     # size of the whole row, and where to read the whole event.
     cut_bytes: int = 0
     full_url: str = ""
+    # An assistant/message's tool calls, one card each; a turn/end's usage.
+    cards: tuple[CallCard, ...] = ()
+    turn_usage: Totals | None = None
 
     @property
     def slug(self) -> str:
@@ -107,8 +117,35 @@ class EventRow:
     @property
     def meta(self) -> bool:
         # A queued input that has landed shows up again as the context it
-        # became; its own row turns into bookkeeping.
-        return self.kind in META_KINDS or (self.kind == "input/queued" and not self.queued)
+        # became; its own row turns into bookkeeping. A call's approval and
+        # result are on its card.
+        return (
+            self.kind in META_KINDS
+            or self.kind in CARD_QUIET
+            or (self.kind in ("input/queued", "input/deferred") and not self.queued)
+        )
+
+    @property
+    def html(self) -> str:
+        """The message's text as sanitized Markdown (web/markdown.py)."""
+        if self.kind not in MARKDOWN_KINDS:
+            return ""
+        text = self.data.get("content") if self.kind == "assistant/message" else self.data.get("text")
+        return render_markdown(str(text or ""))
+
+    @property
+    def turn_cost(self) -> str:
+        """A turn/end's tokens and cost, "unpriced" when nothing was priced."""
+        u = self.turn_usage
+        if u is None:
+            return ""
+        steps = f"{u.steps} step{'s' if u.steps != 1 else ''}"
+        return f"{steps} · {u.tokens:,} tokens · {u.cost_display}"
+
+    @property
+    def call_cards(self) -> tuple[CallCard, ...]:
+        """The message's cards (with_cards fills them; bare ones otherwise)."""
+        return self.cards or tuple(_message_cards(self))
 
     @property
     def tool_calls(self) -> list[dict[str, str]]:
@@ -141,8 +178,189 @@ def budget_reason_text(reason: Any) -> str:
         return ""
 
 
-def event_row(seq: int, kind: str, data: dict[str, Any], at: Any, inbox_seq: int) -> EventRow:
-    return EventRow(seq, kind, data, at, queued=(kind == "input/queued" and seq > inbox_seq))
+def event_row(seq: int, kind: str, data: dict[str, Any], at: Any, inbox_seq: int, deferred_cursor: int = 0) -> EventRow:
+    """A row; an input still waiting for its place is `queued` (a steer past
+    the inbox cursor, a follow-up past the deferred cursor)."""
+    waiting = (kind == "input/queued" and seq > inbox_seq) or (kind == "input/deferred" and seq > deferred_cursor)
+    return EventRow(seq, kind, data, at, queued=waiting)
+
+
+# ---------------------------------------------------------------- tool-call cards and per-turn cost
+
+
+def _slug(text: str) -> str:
+    """For element ids: ASCII letters, digits, - and _ kept, anything else spelled out."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else f"_x{ord(c):x}_" for c in text)
+
+
+@dataclass
+class CallCard:
+    """One tool call with what became of it: asked, approved or denied (by
+    whom, why), its result and how long it took."""
+
+    id: str
+    name: str
+    args: str = ""
+    proposed_at: datetime | None = None
+    asked: bool = False
+    verdict: str = ""
+    by: str = ""
+    reason: str = ""
+    edited_args: str = ""
+    started_at: datetime | None = None
+    result: str | None = None
+    is_error: bool = False
+    ended_at: datetime | None = None
+
+    @property
+    def slug(self) -> str:
+        return _slug(self.id)
+
+    @property
+    def state(self) -> str:
+        if self.verdict == "deny":
+            return "denied"
+        if self.result is not None:
+            return "error" if self.is_error else "done"
+        if self.verdict == "approve":
+            return "approved"
+        if self.asked:
+            return "asked"
+        return "running"
+
+    @property
+    def state_label(self) -> str:
+        return {
+            "denied": "denied",
+            "error": "failed",
+            "done": "done",
+            "approved": "approved, running",
+            "asked": "waiting for approval",
+            "running": "running",
+        }[self.state]
+
+    @property
+    def duration(self) -> str:
+        start = self.started_at or self.proposed_at
+        if start is None or self.ended_at is None or self.state == "denied":
+            return ""
+        seconds = max(0.0, (self.ended_at - start).total_seconds())
+        return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+    def take(self, kind: str, data: dict[str, Any], at: datetime) -> None:
+        """Fold one of the call's later events in."""
+        if kind == "approval/requested":
+            self.asked = True
+            self.started_at = None
+        elif kind == "approval/resolved":
+            self.verdict, self.by, self.reason = (
+                str(data.get("verdict", "")),
+                data.get("by", ""),
+                data.get("reason", ""),
+            )
+            if data.get("edited_args") is not None:
+                self.edited_args = pretty(data["edited_args"])
+            self.started_at = at  # the wait for a reviewer is not the tool's time
+        elif kind == "tool/attempt":
+            self.started_at = at
+        elif kind == "tool/result":
+            self.result, self.is_error, self.ended_at = str(data.get("content", "")), bool(data.get("is_error")), at
+
+
+def _message_cards(row: EventRow) -> list[CallCard]:
+    return [
+        CallCard(
+            id=c["id"], name=c["name"], args=c["args"], proposed_at=row.at if isinstance(row.at, datetime) else None
+        )
+        for c in row.tool_calls
+    ]
+
+
+def _turn_totals(rows: list[tuple[str, dict[str, Any]]]) -> Totals:
+    total = Totals()
+    for kind, data in rows:
+        if kind == "usage/recorded" and data.get("purpose") != "step":
+            continue  # a title or a compaction is not the turn's own spend
+        total = total + entry_totals(kind, data)
+    return total
+
+
+def turn_usage_of(session_id: uuid.UUID | str, end_seq: int) -> Totals:
+    """The usage of the turn that `end_seq` (its turn/end) closed, from the log."""
+    start = (
+        Event.objects.filter(session_id=session_id, kind="turn/start", seq__lt=end_seq)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    qs = Event.objects.filter(session_id=session_id, kind__in=USAGE_KINDS, seq__gt=start or 0, seq__lt=end_seq)
+    return _turn_totals(list(qs.values_list("kind", "data")))
+
+
+def with_cards(session_id: uuid.UUID | str, rows: list[EventRow]) -> list[EventRow]:
+    """`rows` (in seq order) with each assistant/message's call cards filled
+    from the call events among them, and each turn/end's usage (from the rows
+    when its turn/start is among them, else from the log)."""
+    cards: dict[str, CallCard] = {}
+    owner: dict[int, list[CallCard]] = {}
+    usage: list[tuple[str, dict[str, Any]]] | None = None
+    turn: dict[int, Totals] = {}
+    for row in rows:
+        if row.kind == "assistant/message" and row.data.get("tool_calls"):
+            owner[row.seq] = _message_cards(row)
+            cards.update((c.id, c) for c in owner[row.seq])
+        elif row.kind in CALL_KINDS and (card := cards.get(str(row.data.get("call_id", "")))) is not None:
+            card.take(row.kind, row.data, row.at)
+        if row.kind == "turn/start":
+            usage = []
+        elif row.kind in USAGE_KINDS and usage is not None:
+            usage.append((row.kind, row.data))
+        elif row.kind == "turn/end":
+            turn[row.seq] = _turn_totals(usage) if usage is not None else turn_usage_of(session_id, row.seq)
+            usage = None
+    if not owner and not turn:
+        return rows
+    return [
+        dataclasses.replace(row, cards=tuple(owner.get(row.seq, ())), turn_usage=turn.get(row.seq))
+        if row.seq in owner or row.seq in turn
+        else row
+        for row in rows
+    ]
+
+
+def call_cards(session_id: uuid.UUID | str, call_ids: set[str], *, since_seq: int = 0) -> list[CallCard]:
+    """Cards for calls whose message is not at hand (a live update of an
+    earlier message's call): rebuilt from the call's own events."""
+    found: dict[str, CallCard] = {}
+    qs = Event.objects.filter(
+        session_id=session_id, kind__in=CALL_KINDS, seq__gte=since_seq, data__call_id__in=sorted(call_ids)
+    ).order_by("seq")
+    for seq, kind, data, at in qs.values_list("seq", "kind", "data", "created_at"):
+        cid = str(data.get("call_id", ""))
+        card = found.get(cid)
+        if card is None:
+            card = found[cid] = CallCard(
+                id=cid, name=str(data.get("name", "")), proposed_at=_message_at(session_id, seq)
+            )
+        card.take(kind, data, at)
+    return list(found.values())
+
+
+def _message_at(session_id: uuid.UUID | str, before_seq: int) -> datetime | None:
+    """When the message that made a call committed: the latest assistant/message before its events."""
+    return (
+        Event.objects.filter(session_id=session_id, kind="assistant/message", seq__lt=before_seq)
+        .order_by("-seq")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+
+
+def card_swaps(card: CallCard) -> str:
+    """A card's state and outcome as out-of-band swaps (its arguments do not change)."""
+    return render_to_string("sessions/chat.html#card_state", {"call": card, "oob": True}) + render_to_string(
+        "sessions/chat.html#card_outcome", {"call": card, "oob": True}
+    )
 
 
 def render_event(row: EventRow, *, oob: str = "") -> str:
@@ -222,6 +440,7 @@ class ChatFollower:
     stream_step: int | None = None  # the step whose deltas the bubble shows
     closed_step: int = 0  # the latest step whose assistant/message was sent: its late deltas are dropped
     step: int = 0
+    turn_seq: int = 0  # the latest turn/start seen: a call's events are not older
 
     def events(self, frames: list[tuple[int, str]]) -> list[Fragment]:
         """The fragments for a batch of committed events (socket frames), in
@@ -232,16 +451,32 @@ class ChatFollower:
         if session is None:
             return []
         parsed = [json.loads(text) for _, text in frames]
+        rows = [
+            event_row(
+                f["seq"],
+                f["kind"],
+                f.get("data") or {},
+                datetime.fromisoformat(f["at"]),
+                session.inbox_seq,
+                getattr(session, "deferred_cursor", 0),
+            )
+            for f in parsed
+        ]
+        rows = with_cards(self.session_id, rows)
         out: list[Fragment] = []
         landed: list[int] = []
         kinds = set()
-        for f in parsed:
+        in_batch = {card.id for row in rows for card in row.cards}
+        touched: set[str] = set()
+        for f, row in zip(parsed, rows, strict=True):
             kinds.add(f["kind"])
-            data = f.get("data") or {}
-            row = event_row(f["seq"], f["kind"], data, datetime.fromisoformat(f["at"]), session.inbox_seq)
+            data = row.data
             out.append(row_fragment(self.session_id, row))
+            if f["kind"] in CALL_KINDS and str(data.get("call_id", "")) not in in_batch:
+                touched.add(str(data.get("call_id", "")))
             if f["kind"] == "turn/start":
                 self.step = self.closed_step = 0  # steps count from 1 again
+                self.turn_seq = int(f["seq"])
             elif f["kind"] == "step/start":
                 self.step = int(data["step"])
             elif f["kind"] == "assistant/message":
@@ -259,9 +494,11 @@ class ChatFollower:
         for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=landed).values_list(
             "seq", "kind", "data", "created_at"
         ):
-            out.append(
-                row_fragment(self.session_id, event_row(seq, kind, data, at, session.inbox_seq), oob="outerHTML")
-            )
+            row = event_row(seq, kind, data, at, session.inbox_seq, getattr(session, "deferred_cursor", 0))
+            out.append(row_fragment(self.session_id, row, oob="outerHTML"))
+        if touched:
+            since = self.turn_seq or (session.open_turn_seq or 0)
+            out.extend(Fragment(card_swaps(c)) for c in call_cards(self.session_id, touched, since_seq=since))
         out.append(Fragment(render_to_string("sessions/chat.html#facts", facts_context(session, self.user, oob=True))))
         if "session/titled" in kinds:
             out.append(Fragment(render_to_string("sessions/chat.html#title", {"session": session, "oob": True})))

@@ -20,8 +20,6 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -33,20 +31,30 @@ from sessions_app import permissions, services
 from sessions_app.errors import NotBlocked, TerretError
 from sessions_app.models import Agent, Event, Session
 from sessions_app.permissions import can_resolve
+from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
-from sessions_app.services.usage import format_cost
+from sessions_app.services import sessions as session_services
+from sessions_app.web.context import context_view
 from sessions_app.web.forms import BudgetForm, MessageForm, NewSessionForm, ResolveForm
+from sessions_app.web.listing import list_context
 from sessions_app.web.present import (
     EventRow,
     budget_context,
     effects_context,
     event_row,
     facts_context,
-    status_label,
+    with_cards,
 )
 from sessions_app.web.socket_paths import socket_url
 
+# What an empty chat offers to type (the demo model's keywords, README "Try it").
+SUGGESTIONS = (
+    "What time is it?",
+    "List the files in the workspace",
+    "write notes.txt: remember the milk",
+    "Hello! Echo this in **Markdown**",
+)
 # Events per page of the chat log; "load earlier" fetches the page before.
 PAGE_SIZE = 200
 LIST_PAGE_SIZE = 50
@@ -61,7 +69,9 @@ def _event_rows(session: Session, *, before: int | None, upto: int) -> list[Even
     qs = qs.filter(seq__lt=before) if before is not None else qs.filter(seq__lte=upto)
     rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at")[:PAGE_SIZE])
     rows.reverse()
-    return [event_row(seq, kind, data, at, session.inbox_seq) for seq, kind, data, at in rows]
+    cursor = getattr(session, "deferred_cursor", 0)
+    shown = [event_row(seq, kind, data, at, session.inbox_seq, cursor) for seq, kind, data, at in rows]
+    return with_cards(session.id, shown)
 
 
 def _viewable(request: HttpRequest, session_id: uuid.UUID) -> Session:
@@ -124,7 +134,13 @@ def _chat_context(
         "approvals_next": url,
         "form": form or MessageForm(),
         "chat_url": url,
+        "empty_chat": not session.turns and not session.last_input_seq,
+        **composer_context(),
     }
+
+
+def composer_context() -> dict[str, Any]:
+    return {"max_chars": MAX_INPUT_CHARS, "suggestions": SUGGESTIONS}
 
 
 # ------------------------------------------------------------------ pages
@@ -133,22 +149,16 @@ def _chat_context(
 @login_required
 @require_GET
 def session_list(request: HttpRequest) -> HttpResponse:
-    qs = permissions.visible_sessions(request.user, Session.objects.all())
-    qs = qs.select_related("profile", "owner", "agent").order_by(
-        F("last_event_at").desc(nulls_last=True), "-created_at"
+    """The sessions: search by title (?q=), the archive (?archived=1), 50 a page."""
+    context = list_context(
+        request.user,
+        request.GET.get("page"),
+        query=request.GET.get("q", ""),
+        archived=request.GET.get("archived") == "1",
     )
-    page = Paginator(qs, LIST_PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [
-        {
-            "session": s,
-            "agent_id": _agent_id(s),
-            "status_label": status_label(s.status),
-            "cost_text": format_cost(s.cost, s.unpriced_entries),
-        }
-        for s in page.object_list
-    ]
-    show_owner = bool(request.user.is_staff or permissions.is_reviewer(request.user))  # type: ignore[union-attr]
-    return render(request, "sessions/list.html", {"page": page, "rows": rows, "show_owner": show_owner})
+    if getattr(request, "htmx", False) and request.GET.get("fragment") == "body":
+        return render(request, "sessions/list.html#body", context)
+    return render(request, "sessions/list.html", context)
 
 
 @login_required
@@ -184,7 +194,15 @@ def session_chat(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     if before is not None and getattr(request, "htmx", False):
         # "Load earlier": the older page plus the link to the one before it.
         return render(request, "sessions/chat.html#earlier", ctx)
-    return render(request, "sessions/chat.html", ctx)
+    return _no_store(render(request, "sessions/chat.html", ctx))
+
+
+def _no_store(response: HttpResponse) -> HttpResponse:
+    """Back and Forward must not bring the page back from a cache: its
+    composer's idempotency key has been used by then, and every send would
+    replay (the page also renews the key on pageshow, terret-live.js)."""
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 @login_required
@@ -204,11 +222,14 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
                 wake=True,
                 by=request.user.get_username(),
                 idempotency_key=form.cleaned_data["key"] or None,
+                lane=form.cleaned_data["lane"] or None,
             )
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
-            if receipt.disposition == "queued":
+            if receipt.disposition == "queued" and form.cleaned_data["lane"] == "follow_up":
+                notice = "Queued: your message is sent as a new turn when this one ends."
+            elif receipt.disposition == "queued":
                 notice = "Queued: your message rides the agent's next step."
             elif receipt.disposition == "held":
                 notice = f"Held: {receipt.held_reason}. It runs once the budget allows."
@@ -216,14 +237,18 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
                 if notice:
                     messages.info(request, notice)
                 return HttpResponseRedirect(f"{reverse('sessions:chat', args=[session.id])}#composer")
-            ctx = {"session": session, "form": MessageForm(), "notice": notice, "refocus": True}
+            ctx = {"session": session, "form": MessageForm(), "notice": notice, "refocus": True, **composer_context()}
             return render(request, "sessions/chat.html#composer", ctx)
     if htmx:
-        ctx = {"session": session, "form": form, "refocus": True}
-        return render(request, "sessions/chat.html#composer", ctx, status=400)
+        # 200, so htmx swaps the form in with its error (it does not swap a
+        # 4xx); X-Terret-Error says it was refused. The text stays as typed.
+        ctx = {"session": session, "form": form, "refocus": True, **composer_context()}
+        response = render(request, "sessions/chat.html#composer", ctx)
+        response["X-Terret-Error"] = "invalid_input"
+        return response
     ctx = _chat_context(request, session, form=form)
     ctx["refocus"] = True
-    return render(request, "sessions/chat.html", ctx, status=400)
+    return _no_store(render(request, "sessions/chat.html", ctx, status=400))
 
 
 @login_required
@@ -351,3 +376,102 @@ def _answer(
     else:
         messages.info(request, notice)
     return redirect("sessions:chat", session_id=session.id)
+
+
+# ------------------------------------------------------------------ rename, archive
+
+
+@login_required
+@require_POST
+def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """A new title by the user (a session/titled: the latest wins). htmx gets
+    the header's manage block with what happened (200, so it swaps); the
+    title itself follows over the socket. A plain POST redirects back."""
+    session = _drivable(request, session_id)
+    title = request.POST.get("title", "")
+    notice = error = ""
+    try:
+        session_services.rename_session(session.id, title, by=request.user.get_username())
+    except TerretError as exc:
+        error = str(exc)
+    else:
+        notice = "Renamed."
+    if getattr(request, "htmx", False):
+        fresh = Session.objects.get(id=session.id)
+        context = {
+            "session": fresh,
+            "rename_notice": notice,
+            "rename_error": error,
+            "rename_value": title if error else "",
+        }
+        response = render(request, "sessions/chat.html#manage", context)
+        if error:
+            response["X-Terret-Error"] = "invalid_input"
+        return response
+    if error:
+        messages.error(request, f"Not renamed: {error}")
+    else:
+        messages.info(request, notice)
+    return redirect("sessions:chat", session_id=session.id)
+
+
+@login_required
+@require_POST
+def session_archive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """Archive: hidden from the list, its agent disposed. Back to the list."""
+    session = _drivable(request, session_id)
+    try:
+        session_services.archive_session(session.id, by=request.user.get_username())
+    except TerretError as exc:
+        messages.error(request, f"Not archived: {exc}")
+        return redirect("sessions:chat", session_id=session.id)
+    messages.info(request, f"Archived “{session.title or 'Untitled session'}”. It is listed under Archived.")
+    return redirect("sessions:list")
+
+
+@login_required
+@require_POST
+def session_unarchive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    session = _drivable(request, session_id)
+    session_services.unarchive_session(session.id, by=request.user.get_username())
+    messages.info(request, "Unarchived: the session is back in the list.")
+    return redirect("sessions:chat", session_id=session.id)
+
+
+# ------------------------------------------------------------------ the context view
+
+
+@login_required
+@require_GET
+def session_context(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """What the model sees next, and the model picker (for those who may drive)."""
+    session = _viewable(request, session_id)
+    if getattr(request, "htmx", False) and request.GET.get("fragment") == "panel":
+        return render(request, "sessions/context.html#panel", _context_page(request, session))
+    return render(request, "sessions/context.html", _context_page(request, session))
+
+
+def _context_page(request: HttpRequest, session: Session, **extra: Any) -> dict[str, Any]:
+    return {
+        "session": session,
+        "can_drive": permissions.can_drive(request.user, session),
+        "chat_url": reverse("sessions:chat", args=[session.id]),
+        **context_view(session),
+        **extra,
+    }
+
+
+@login_required
+@require_POST
+def session_model(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """The model picker: repoint the main role (model/updated), from the next step."""
+    session = _drivable(request, session_id)
+    spec = request.POST.get("spec", "")
+    try:
+        services.set_model(session.id, "main", spec, by=request.user.get_username())
+    except TerretError as exc:
+        fresh = Session.objects.get(id=session.id)
+        context = _context_page(request, fresh, model_error=str(exc), model_value=spec)
+        return render(request, "sessions/context.html", context, status=400)
+    messages.info(request, f"Model set: the next step uses {spec.strip()}.")
+    return redirect("sessions:context", session_id=session.id)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path
 
-from sessions_app.web import console
+from sessions_app.web import account, console
+from sessions_app.web import forks as fork_views
+from sessions_app.web import schedules as schedule_views
 from sessions_app.web import sessions as views
 
 app_name = "sessions"
@@ -18,6 +20,21 @@ urlpatterns: list[URLPattern] = [
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="retry"),
     path("sessions/<uuid:session_id>/effects/resolve/", views.session_resolve, name="resolve"),
     path("sessions/<uuid:session_id>/budget/", views.session_budget, name="budget"),
+    path("sessions/<uuid:session_id>/schedules/", schedule_views.create, name="schedule_create"),
+    path(
+        "sessions/<uuid:session_id>/schedules/<uuid:schedule_id>/cancel/",
+        schedule_views.cancel,
+        name="schedule_cancel",
+    ),
+    path("sessions/<uuid:session_id>/rename/", views.session_rename, name="rename"),
+    path("sessions/<uuid:session_id>/archive/", views.session_archive, name="archive"),
+    path("sessions/<uuid:session_id>/unarchive/", views.session_unarchive, name="unarchive"),
+    path("sessions/<uuid:session_id>/context/", views.session_context, name="context"),
+    path("sessions/<uuid:session_id>/model/", views.session_model, name="model"),
+    *fork_views.urlpatterns,  # edit-and-resend, regenerate and the fork panel (web/forks.py)
+    path("settings/", account.settings_page, name="settings"),
+    path("settings/tokens/", account.token_create, name="token_create"),
+    path("settings/tokens/<int:token_id>/revoke/", account.token_revoke, name="token_revoke"),
     path("ops/", console.index, name="console"),
     path("ops/suspend/", console.suspend, name="console_suspend"),
     path("ops/resume/", console.resume, name="console_resume"),

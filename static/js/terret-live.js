@@ -102,6 +102,70 @@
     sync();
   });
 
+  // --- the composer -------------------------------------------------------
+
+  function freshKey() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID().replace(/-/g, "");
+    var a = new Uint8Array(16);
+    crypto.getRandomValues(a);
+    return Array.prototype.map.call(a, function (b) { return ("0" + b.toString(16)).slice(-2); }).join("");
+  }
+
+  // Back or Forward may show the page from a cache, with a composer whose
+  // idempotency key was spent: every send would replay the old receipt.
+  // A page shown again gets a fresh key (the server also sends no-store).
+  window.addEventListener("pageshow", function (e) {
+    if (!e.persisted) return;
+    var key = document.querySelector("#composer input[name=key]");
+    if (key) key.value = freshKey();
+  });
+
+  // The character counter. Too long is refused here, visibly, and by the
+  // server; the text is never cut (the box has no maxlength).
+  function counted(box) {
+    var max = Number(box.getAttribute("data-max-chars")) || 0;
+    var count = document.getElementById("char-count");
+    var n = box.value.length, over = max && n > max;
+    if (count) {
+      count.textContent = n.toLocaleString("en") + " / " + max.toLocaleString("en") +
+        (over ? " \u2014 too long by " + (n - max).toLocaleString("en") + ": shorten it to send" : "");
+      count.className = "char-count " + (over ? "over" : "muted");
+    }
+    box.setAttribute("aria-invalid", over ? "true" : "false");
+    return !over;
+  }
+  document.addEventListener("input", function (e) { if (e.target && e.target.id === "id_text") counted(e.target); });
+  document.addEventListener("submit", function (e) {
+    var box = e.target && e.target.id === "composer" ? document.getElementById("id_text") : null;
+    if (box && !counted(box)) { e.preventDefault(); e.stopImmediatePropagation(); box.focus(); }
+  }, true);
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    var box = e.target && e.target.id === "composer" ? document.getElementById("id_text") : null;
+    if (box && !counted(box)) e.preventDefault();
+  });
+
+  // Suggestion chips on an empty chat fill the box and send.
+  document.addEventListener("click", function (e) {
+    var chip = e.target && e.target.closest ? e.target.closest("[data-suggest]") : null;
+    if (chip) {
+      var box = document.getElementById("id_text");
+      if (!box) return;
+      box.value = chip.getAttribute("data-suggest");
+      counted(box);
+      if (box.form.requestSubmit) box.form.requestSubmit(); else box.form.submit();
+      return;
+    }
+    // Copy buttons of code blocks (rendered on the server, web/markdown.py).
+    var copy = e.target && e.target.closest ? e.target.closest(".copy-code") : null;
+    if (!copy) return;
+    var pre = copy.parentNode.querySelector("pre");
+    if (!pre || !navigator.clipboard) return;
+    navigator.clipboard.writeText(pre.textContent).then(function () {
+      copy.textContent = "Copied";
+      setTimeout(function () { copy.textContent = "Copy"; }, 1500);
+    }, function () { copy.textContent = "Copy failed"; });
+  });
+
   // For tests and debugging only.
   window.terretLive = { lastSeq: lastSeq };
 })();

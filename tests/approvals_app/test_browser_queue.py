@@ -39,24 +39,24 @@ def test_queue_updates_live_for_every_reviewer(
     # A call parks (appended by this process: the hint crosses Redis to daphne).
     park(session.id, "c1", args={"path": "notes.txt", "content": "hello"})
     for page in (a, b):
-        row = page.locator('#approval-queue tr[data-call-id="c1"]')
+        row = page.locator('#approval-queue li[data-call-id="c1"]')
         expect(row).to_contain_text("workspace.write", timeout=15_000)
         expect(row.locator("pre")).to_contain_text('"path": "notes.txt"')
 
     # Sam starts typing a reason; a live refresh (another call parks) keeps it.
-    sam_reason = b.locator('#approval-queue tr[data-call-id="c1"]').get_by_label("Reason")
+    sam_reason = b.locator('#approval-queue li[data-call-id="c1"]').get_by_label("Reason")
     sam_reason.fill("half-typed")
     park(session.id, "c2", new_turn=False)
-    expect(b.locator('#approval-queue tr[data-call-id="c2"]')).to_have_count(1, timeout=15_000)
-    expect(b.locator('#approval-queue tr[data-call-id="c1"]').get_by_label("Reason")).to_have_value("half-typed")
+    expect(b.locator('#approval-queue li[data-call-id="c2"]')).to_have_count(1, timeout=15_000)
+    expect(b.locator('#approval-queue li[data-call-id="c1"]').get_by_label("Reason")).to_have_value("half-typed")
 
     # Rita denies c1 with a reason; Sam's queue drops it without a reload.
-    row = a.locator('#approval-queue tr[data-call-id="c1"]')
+    row = a.locator('#approval-queue li[data-call-id="c1"]')
     row.get_by_label("Reason").fill("not in this sprint")
     row.get_by_role("button", name="Deny").click()
-    expect(a.locator('#approval-queue tr[data-call-id="c1"]')).to_have_count(0)
-    expect(b.locator('#approval-queue tr[data-call-id="c1"]')).to_have_count(0, timeout=15_000)
-    expect(b.locator('#approval-queue tr[data-call-id="c2"]')).to_have_count(1)
+    expect(a.locator('#approval-queue li[data-call-id="c1"]')).to_have_count(0)
+    expect(b.locator('#approval-queue li[data-call-id="c1"]')).to_have_count(0, timeout=15_000)
+    expect(b.locator('#approval-queue li[data-call-id="c2"]')).to_have_count(1)
     assert [c.call_id for c in pending(session.id)] == ["c2"]
     verdict = Event.objects.get(session=session, kind="approval/resolved").data
     assert verdict == {"call_id": "c1", "verdict": "deny", "reason": "not in this sprint", "by": "rita"}
@@ -87,7 +87,7 @@ def test_stale_second_click_says_already_decided(
     late.locator("#approval-queue").get_by_role("button", name="Deny").click()
     alert = late.locator("#approval-queue [role=alert]")
     expect(alert).to_contain_text("already decided (approve by quick)")
-    expect(late.locator('#approval-queue tr[data-call-id="c1"]')).to_have_count(0)
+    expect(late.locator('#approval-queue li[data-call-id="c1"]')).to_have_count(0)
     assert [
         e["verdict"]
         for e in Event.objects.filter(session=session, kind="approval/resolved").values_list("data", flat=True)

@@ -43,12 +43,17 @@ def test_reviewer_approves_and_the_users_page_unparks_live(
     expect(reviewer.locator("#composer")).to_have_count(0)  # reviewers approve, they do not drive
 
     user.get_by_label("Message").fill("write notes.txt: hello from the browser")
-    user.get_by_role("button", name="Send").click()
+    user.get_by_role("button", name="Send", exact=True).click()
 
     # The user sees the request appear and the turn park.
     expect(user.locator("#status")).to_have_text("waiting for approval", timeout=30_000)
     expect(user.locator("#approvals")).to_contain_text("workspace.write")
     expect(user.locator("#log .k-approval-requested")).to_contain_text("workspace.write")
+    # One card for the call, which says it waits; the request's own row is quiet.
+    card = user.locator("#log details.tool-card")
+    expect(card).to_have_count(1)
+    expect(card.locator(".call-state")).to_have_text("waiting for approval")
+    expect(user.locator("#log .k-approval-requested")).to_be_hidden()
     expect(user.locator("#approvals").get_by_role("button", name="Approve")).to_have_count(0)
 
     # The reviewer's page shows it live too, with the decision buttons.
@@ -59,8 +64,10 @@ def test_reviewer_approves_and_the_users_page_unparks_live(
 
     # The user's page unparks live: verdict, tool result, reply, turn end.
     expect(user.locator("#log .k-approval-resolved")).to_have_text(re.compile("Approved by rita"), timeout=30_000)
-    result = user.locator("#log details.tool-result")
-    expect(result.locator("summary")).to_contain_text("Result of workspace.write")
+    # The card follows live: approved by whom, the result, done.
+    expect(card.locator(".card-approval")).to_contain_text("approved by rita")
+    expect(card.locator(".card-result")).to_contain_text("wrote")
+    expect(card.locator(".call-state")).to_contain_text("done")
     expect(user.locator("#log .k-turn-end")).to_have_text(re.compile("Turn completed"), timeout=30_000)
     expect(user.locator("#status")).to_have_text("idle")
     expect(user.locator("#approvals")).not_to_contain_text("workspace.write")

@@ -63,11 +63,12 @@ def test_chat_end_to_end_with_a_tool_call(
     box.fill("what time is it?")
     box.press("Enter")
     expect(page.locator("#log .k-turn-end")).to_have_text(re.compile("Turn completed"), timeout=30_000)
-    call = page.locator("#log details.tool-call")
-    expect(call).to_have_count(1)
+    call = page.locator("#log details.tool-card")
+    expect(call).to_have_count(1)  # one card: the call, its result and its time
     expect(call.locator("summary")).to_contain_text("clock.now")
-    result = page.locator("#log details.tool-result")
-    expect(result.locator("summary")).to_contain_text("Result of clock.now")
+    expect(call.locator(".call-state")).to_contain_text("done")
+    result = call.locator(".card-result")
+    expect(result).to_contain_text("Result")
     reply = page.locator("#log .k-assistant-message .text").last
     expect(reply).to_contain_text("clock.now returned")
     expect(page.locator("#status")).to_have_text("idle")
@@ -86,7 +87,7 @@ def test_chat_end_to_end_with_a_tool_call(
 
     # Collapsible, and keyboard-usable: focus the summary and press Enter.
     expect(result.locator("pre")).to_be_hidden()
-    result.locator("summary").focus()
+    call.locator("summary").focus()
     page.keyboard.press("Enter")
     expect(result.locator("pre")).to_be_visible()
 
@@ -115,16 +116,17 @@ def test_steer_is_shown_queued_until_it_lands(
     page.goto(f"/sessions/{session.id}/")
     box = page.get_by_label("Message")
     box.fill("hello there, please tell me a story")
-    page.get_by_role("button", name="Send").click()
+    page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#streaming")).to_be_visible(timeout=20_000)
     # The worker can start streaming before the first POST's response swaps the
     # composer; typing into the old form would be lost to that swap.
     box = page.get_by_label("Message")
     expect(box).to_have_value("")
-    expect(page.get_by_role("button", name="Send")).to_be_enabled()
+    expect(page.get_by_role("button", name="Steer now")).to_be_enabled()
 
     box.fill("and make it short")
-    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_hidden()  # a turn runs: the two lanes instead
+    page.get_by_role("button", name="Steer now").click()
     queued = page.locator("#log li.queued")
     expect(queued).to_have_count(1)
     expect(queued).to_contain_text("and make it short")
@@ -194,7 +196,7 @@ def test_pages_work_without_javascript(
     page.get_by_role("link", name="Untitled session").click()
     expect(page.locator("#live")).to_have_text("offline")  # nothing live without JS
     page.get_by_label("Message").fill("plain form post")
-    page.get_by_role("button", name="Send").click()  # POST, redirect, server render
+    page.get_by_role("button", name="Send", exact=True).click()  # POST, redirect, server render
     expect(page.locator("#log li.k-user-message")).to_contain_text("plain form post")
     assert Event.objects.filter(session=session, kind="user/message").count() == 1
     page.get_by_role("link", name="Load earlier events").click()  # a page of history

@@ -37,7 +37,7 @@ def test_reconnect_after_server_restart_mid_turn(
     page.evaluate("window.__sameDocument = true")
 
     page.get_by_label("Message").fill(STORY)
-    page.get_by_role("button", name="Send").click()
+    page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#streaming")).to_be_visible(timeout=20_000)  # mid-turn, mid-step
 
     server.kill()  # SIGKILL: no close frame, the socket just dies

@@ -31,7 +31,7 @@ def slow_profile(transactional_db: None) -> Any:
 
 def open_chat(
     start_server: Callable[..., Any], new_page: Callable[..., Any], make_user: Callable[..., Any], profile: Any
-):
+) -> tuple[Any, Any]:
     from sessions_app import services
 
     server = start_server(TERRET_WORKER="inprocess")
@@ -55,11 +55,11 @@ def test_stop_shows_while_a_turn_runs_and_esc_presses_it(
     fake_llm.script(Reply(text=" ".join(f"w{i}" for i in range(100)), chunk_delay=0.05))  # about 5 s of stream
     page, session = open_chat(start_server, new_page, make_user, slow_profile)
     stop = page.locator("#stop-button")
-    expect(page.get_by_role("button", name="Send")).to_be_visible()
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_visible()
     expect(stop).to_be_hidden()  # idle: Send only
 
     page.get_by_label("Message").fill("tell me a story")
-    page.get_by_role("button", name="Send").click()
+    page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#chat-facts")).to_have_attribute("data-status", "running")
     expect(stop).to_be_visible()
     expect(page.locator("#streaming")).to_be_visible(timeout=20_000)
@@ -89,7 +89,7 @@ def test_stop_mid_stream_ends_cancelled_within_two_seconds_keeping_the_partial_t
     fake_llm.script(Reply(text=STORY, chunk_delay=0.05))  # 20 s of stream
     page, session = open_chat(start_server, new_page, make_user, slow_profile)
     page.get_by_label("Message").fill("tell me a long story")
-    page.get_by_role("button", name="Send").click()
+    page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#stream-text")).to_contain_text("word5 ", timeout=20_000)
 
     started = time.monotonic()

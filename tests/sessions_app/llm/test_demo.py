@@ -41,12 +41,13 @@ def only_call(reply: ModelReply) -> tuple[str, dict[str, Any]]:
     ("text", "expected"),
     [
         ("What time is it?", ("clock.now", {})),
-        ("check the clock please", ("clock.now", {})),
+        ("clock please", ("clock.now", {})),
+        ("Please list the files", ("workspace.list", {})),
         (
             "write notes/todo.txt: buy milk\nand eggs",
             ("workspace.write", {"path": "notes/todo.txt", "content": "buy milk\nand eggs"}),
         ),
-        ("please write me a poem", ("workspace.write", {"path": "demo-note.txt", "content": "please write me a poem"})),
+        ("write me a poem", ("workspace.write", {"path": "demo-note.txt", "content": "write me a poem"})),
         ("read notes/todo.txt.", ("workspace.read", {"path": "notes/todo.txt"})),
         ("Read the file a.md", ("workspace.read", {"path": "a.md"})),
         ("list the files", ("workspace.list", {})),
@@ -54,6 +55,55 @@ def only_call(reply: ModelReply) -> tuple[str, dict[str, Any]]:
 )
 def test_user_messages_pick_tools(text: str, expected: tuple[str, dict[str, Any]]) -> None:
     assert only_call(ask(text)) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I wonder what time it is",
+        "make a shopping list for me",
+        "should I read more books?",
+        "how do I write a sonnet?",
+        "the clock is ticking",
+    ],
+)
+def test_keywords_inside_a_sentence_are_answered_as_text(text: str) -> None:
+    reply = ask(text)
+    assert reply.tool_calls == [] and reply.finish_reason == "stop"
+    assert text in (reply.content or "")
+
+
+def _after_result(content: str) -> str:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "write a.txt: hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "workspace.write", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": content},
+    ]
+    return DemoAdapter().complete(DEMO_SPEC, messages, ALL_TOOLS).content or ""
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("denied: not today", "workspace.write was denied, so it did not run: not today"),
+        ("vetoed: workspace.write is not allowed", "workspace.write was vetoed, so it did not run"),
+    ],
+)
+def test_a_denial_or_a_veto_is_reported_as_such(content: str, said: str) -> None:
+    text = _after_result(content)
+    assert said in text
+    assert "Done." not in text and "Nothing was done." in text
+
+
+def test_a_result_that_ran_is_done() -> None:
+    text = _after_result("wrote 2 bytes to a.txt")
+    assert "Done. workspace.write returned: wrote 2 bytes" in text
 
 
 def test_tool_call_ids_are_unique_and_prefixed() -> None:
@@ -100,7 +150,7 @@ def test_delay_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_tool_results_are_summarised() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "what time is it and list files"},
         {
             "role": "assistant",

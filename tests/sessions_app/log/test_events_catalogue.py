@@ -19,8 +19,54 @@ CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
 # Every kind needs at least one accepted and one rejected payload here; a test
 # below fails when a kind is added to the catalogue without them.
 VALID: dict[str, list[dict[str, Any]]] = {
-    "user/message": [{"text": "hi"}, {"text": "", "source_seq": 1}],
-    "context/injected": [{"text": "steer"}, {"text": "x", "source_seq": 9}],
+    "user/message": [
+        {"text": "hi"},
+        {"text": "", "source_seq": 1},
+        {"text": "later", "source_seq": 5, "lane": "follow_up"},
+    ],
+    "context/injected": [
+        {"text": "steer"},
+        {"text": "x", "source_seq": 9},
+        {"text": "evidence", "source_seq": 7, "lane": "passive"},
+        {"text": "later", "source_seq": 8, "lane": "follow_up"},
+    ],
+    "input/deferred": [
+        {"text": "after this", "lane": "follow_up"},
+        {"text": "note", "lane": "passive", "by": "owner", "idempotency_key": "k"},
+        {"text": "wake", "lane": "follow_up", "by": "schedule:1", "schedule_id": "1"},
+    ],
+    "input/withdrawn": [
+        {"source_seq": 4, "lane": "steer", "inbox_to": 6, "by": "owner"},
+        {"source_seq": 5, "lane": "follow_up", "deferred_to": 5},
+        {"source_seq": 6, "lane": "passive", "unhold": True},
+    ],
+    "schedule/created": [
+        {"schedule_id": "s", "misfire": "skip"},
+        {
+            "schedule_id": "s",
+            "misfire": "run_once",
+            "by": "agent",
+            "due_at": "2026-12-01T10:00:00+00:00",
+            "every_seconds": 60,
+            "cron": "",
+            "max_runs": None,
+            "reason": "feed",
+        },
+    ],
+    "schedule/fired": [
+        {"schedule_id": "s", "due_at": "2026-12-01T10:00:00+00:00", "late_ms": 12, "run": 1, "input_seq": 9},
+        {
+            "schedule_id": "s",
+            "due_at": "2026-12-01T10:00:00+00:00",
+            "late_ms": 190000,
+            "run": 2,
+            "input_seq": 19,
+            "missed": 3,
+            "worker": "h:1",
+        },
+    ],
+    "schedule/cancelled": [{"schedule_id": "s"}, {"schedule_id": "s", "by": "terret", "reason": "revoked"}],
+    "schedule/paused": [{"schedule_id": "s", "reason": "no progress", "runs": 3}],
     "assistant/message": [
         {"content": "hello"},
         {"content": None, "tool_calls": [CALL]},
@@ -123,6 +169,11 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "turn/stalled": [{"attempt": 1, "error": "HTTP 503", "retry_in": 40.0}],
     "turn/blocked": [{"reason": "model call failed", "attempts": 5}],
     "turn/retry_requested": [{}, {"by": "ops"}],
+    "session/forked": [
+        {"parent": "5f0c2e1a-0000-4000-8000-000000000000", "at_seq": 12, "policy": "historical", "seed_upto": 9},
+        {"parent": "p", "at_seq": 3, "policy": "fresh", "seed_upto": 1, "requested_seq": 5, "by": "alice"},
+    ],
+    "session/forked_to": [{"child": "c", "at_seq": 12}, {"child": "c", "at_seq": 1, "policy": "current", "by": "a"}],
 }
 
 INVALID: dict[str, list[Any]] = {
@@ -174,6 +225,12 @@ INVALID: dict[str, list[Any]] = {
         {"purpose": "step", "usage": None, "step": 0},
     ],
     "input/queued": [{"text": "x"}, {"wake": True}, {"text": "x", "wake": "yes"}],
+    "input/deferred": [{"text": "x"}, {"text": "x", "lane": "steer"}, {"lane": "passive"}],
+    "input/withdrawn": [{"source_seq": 4}, {"source_seq": 4, "lane": "later"}, {"source_seq": 0, "lane": "steer"}],
+    "schedule/created": [{"schedule_id": "s"}, {"schedule_id": "", "misfire": "skip"}],
+    "schedule/fired": [{"schedule_id": "s", "due_at": "x", "late_ms": -1, "run": 1, "input_seq": 1}],
+    "schedule/cancelled": [{}, {"schedule_id": ""}],
+    "schedule/paused": [{"schedule_id": "s"}],
     "approval/requested": [{"call_id": "c", "name": "n"}, {"call_id": "c", "name": "n", "args": "{}"}],
     "approval/resolved": [{"call_id": "c"}, {"call_id": "c", "verdict": "maybe"}],
     "session/suspended": [{}, {"by": ""}],
@@ -213,6 +270,12 @@ INVALID: dict[str, list[Any]] = {
     "turn/stalled": [{"attempt": 0, "error": "e", "retry_in": 1}, {"attempt": 1}],
     "turn/blocked": [{"reason": "r"}, {"attempts": 1}],
     "turn/retry_requested": [{"by": 1}],
+    "session/forked": [
+        {"parent": "p", "at_seq": 1, "policy": "historical"},
+        {"parent": "p", "at_seq": 0, "policy": "fresh", "seed_upto": 1},
+        {"parent": "p", "at_seq": 1, "policy": "later", "seed_upto": 1},
+    ],
+    "session/forked_to": [{"child": "c"}, {"child": "", "at_seq": 1}, {"child": "c", "at_seq": 1, "policy": "x"}],
 }
 
 EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}

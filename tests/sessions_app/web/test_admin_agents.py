@@ -142,6 +142,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "description": "",
         "allow_floor": "[]",
         "compaction_budget": "100000",
+        "max_schedules": "20",
+        "min_schedule_seconds": "60",
+        "schedule_pause_after": "3",
         "summarizer": "role",
         "system_prompt": "",
         "created_at": "2026-01-01 10:00:00",  # the form's own widget; the admin splits it in two

@@ -163,8 +163,11 @@ def test_empty_message_is_rejected_and_nothing_appended(chat: Session, text: str
     r = c.post(urls(chat)["message"], {"text": text, "key": "k"})
     assert r.status_code == 400
     assert "Type a message first." in r.content.decode()
+    # htmx does not swap a 4xx: it gets the composer with the error, as a 200
+    # marked refused, so the error shows where the user typed.
     r = c.post(urls(chat)["message"], {"text": text}, headers={"HX-Request": "true"})
-    assert r.status_code == 400 and "Type a message first." in r.content.decode()
+    assert r.status_code == 200 and "Type a message first." in r.content.decode()
+    assert r["X-Terret-Error"] == "invalid_input"
     assert b"<html" not in r.content  # the composer partial, not the page
     assert kinds(chat) == ["agent/spawned"]
 
@@ -232,9 +235,11 @@ def test_chat_page_renders_tool_calls_results_cost_and_live_state(chat: Session)
     log.append(sid, "session/titled", {"title": "Asking the time"})
     page = client_for(chat.owner).get(urls(chat)["chat"]).content.decode()
     assert "&lt;b&gt;time&lt;/b&gt;" in page  # escaped
-    assert '<details class="tool-call" data-call-id="c1">' in page
-    assert "&quot;tz&quot;: &quot;UTC&quot;" in page
-    assert "Result of <code>clock.now</code>" in page and "12:00" in page
+    # One card for the call: its arguments and its result together.
+    card = re.search(r'<details class="tool-card" id="call-c1" data-call-id="c1">(.*?)</details>', page, re.S)
+    assert card is not None
+    assert "&quot;tz&quot;: &quot;UTC&quot;" in card.group(1)
+    assert "12:00" in card.group(1) and "done" in card.group(1)
     assert "Asking the time" in page
     assert '<span id="cost">unpriced</span>' in page  # one cost format everywhere (services.usage.format_cost)
     assert "/compact/" in page

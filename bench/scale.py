@@ -1,0 +1,974 @@
+"""Capacity benchmark (issue 19): what one PostgreSQL and two workers hold.
+
+    DATABASE_URL=postgres://root@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/11 \
+        .venv/bin/python bench/scale.py [--only idle,parked,turns,pg]
+
+Every figure is a ratio against a baseline measured in the same run:
+
+idle    100k sessions (the same 1k with open turns, plus 99k idle ones) against
+        those 1k alone: one sweep round (sweep, held input, idle agents,
+        agent slots, counters), a lease claim and release, and the session
+        page (Django test client, logged in as its owner). Rows are copied
+        with INSERT ... SELECT from sessions made by the real code; what is
+        timed runs the real code. Each database is measured by a child
+        process, alternating, --rounds times. Target: <= 1.2.
+parked  --parked turns parked on an approval (one parked through a real
+        worker, copied), then a real worker: its busy pool threads and the
+        broker's queue lengths with all of them parked (target: 0 and 0),
+        and the time from approving one to its turn/end (target: <= 1 s).
+turns   --turns turns at once (1 s model latency, 2 steps each) across 2
+        worker processes: wall / ideal and worker CPU per turn (from
+        /proc/<pid>/stat), for the code at TERRET_BENCH_BASELINE (a git
+        worktree of HEAD, default /tmp/h2base; skipped if missing) and for
+        this tree, alternating. Targets: wall/ideal <= 1.5, CPU <= 3 ms.
+pg      appends/s with 1, 8, 32 and 64 sessions in parallel (one writer
+        process each, sessions_app.log.append), bytes per event in table
+        and indexes, events per turn, and the capacity model they give.
+
+`--partitioned SCRIPT [ARGS]` runs another benchmark (bench/append.py,
+bench/long_session.py) with the event table hash-partitioned by session_id
+right after its scratch database is migrated (the experiment of
+docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+HERE = Path(__file__).resolve().parent.parent
+# The tree whose code is measured: this one, or (for the turns baseline) the
+# worktree passed by the parent. Its bench/ helpers are the ones imported.
+TREE = Path(os.environ.get("TERRET_BENCH_TREE") or HERE).resolve()
+sys.path.insert(0, str(TREE))
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
+os.environ.setdefault("TERRET_QUEUE", "bench")
+os.environ.setdefault("TERRET_CHANNEL_PREFIX", "bench")
+os.environ.setdefault("SECRET_KEY", "bench-only")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "terret_site.settings")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+PREFIX = os.environ.get("TERRET_BENCH_DB_PREFIX", "terret_bench_scale")
+BASELINE = Path(os.environ.get("TERRET_BENCH_BASELINE", "/tmp/h2base"))
+TARGET_IDLE = 1.2
+TARGET_RESUME = 1.0
+TARGET_WALL = 1.5
+TARGET_CPU_MS = 3.0
+SHARED = "(a shared 2-core machine: other processes ran at the same time)"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt(values: list[float], unit: str = "", digits: int = 2) -> str:
+    return "[" + ", ".join(f"{v:.{digits}f}{unit}" for v in values) + "]"
+
+
+def db_url(name: str) -> str:
+    base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
+    return urlunparse(urlparse(base)._replace(path=f"/{name}"))
+
+
+def child(args: list[str], env: dict[str, str], log: str, cwd: Path = HERE) -> list[dict[str, Any]]:
+    """Run this script as a child (its own Django, its own tree); returns
+    the JSON objects it printed on lines starting with RESULT."""
+    with open(log, "ab") as out:
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "bench" / "scale.py"), *args],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=out, check=False,
+        )  # fmt: skip
+        out.write(proc.stdout)
+    if proc.returncode:
+        raise SystemExit(f"child {args[:2]} failed (exit {proc.returncode}); see {log}")
+    lines = proc.stdout.decode().splitlines()
+    return [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+
+
+def result(**values: Any) -> None:
+    print("RESULT " + json.dumps(values, default=str), flush=True)
+
+
+# ----------------------------------------------------------------------------
+# A CPU sampler for a worker process (--profiled-worker): every few ms, each
+# thread whose CPU clock moved is charged that CPU at its current stack.
+# In bench only; the worker's own code is untouched.
+
+
+def _frame_key(frame: Any) -> str:
+    code = frame.f_code
+    path = code.co_filename
+    for marker in ("site-packages/", "/work/main/", "/tmp/h2base/", "lib/python3.12/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{code.co_name}"
+
+
+def _sample(out: str, interval: float) -> None:
+    me = threading.get_ident()
+    last: dict[int, float] = {}
+    inclusive: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    total = 0.0
+    written = time.monotonic()
+    reset = Path(out + ".reset")
+    while True:
+        time.sleep(interval)
+        if reset.exists():  # the bench's turns start now: start-up is not per-turn cost
+            reset.unlink(missing_ok=True)
+            inclusive.clear()
+            leaf.clear()
+            total = 0.0
+        for ident, frame in sys._current_frames().items():
+            if ident == me:
+                continue
+            try:
+                cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except OSError:
+                continue
+            delta = cpu - last.get(ident, cpu)
+            last[ident] = cpu
+            if delta <= 0:
+                continue
+            total += delta
+            seen = set()
+            f = frame
+            leaf[_frame_key(f)] += delta
+            while f is not None:
+                key = _frame_key(f)
+                if key not in seen:
+                    seen.add(key)
+                    inclusive[key] += delta
+                f = f.f_back
+        if time.monotonic() - written > 1.0:
+            written = time.monotonic()
+            data = {"total": total, "inclusive": inclusive.most_common(), "leaf": leaf.most_common()}
+            Path(out).write_text(json.dumps(data))
+
+
+def profiled_worker(out: str, argv: list[str]) -> None:
+    threading.Thread(target=_sample, args=(out, 0.004), daemon=True).start()
+    from celery.__main__ import main
+
+    sys.argv = ["celery", *argv]
+    main()
+
+
+def print_profile(path: str, top: int = 40) -> None:
+    data = json.loads(Path(path).read_text())
+    total = data["total"] or 1.0
+    print(f"sampled CPU {data['total']:.2f}s; inclusive (share of sampled worker CPU):")
+    for key, sec in data["inclusive"][:top]:
+        print(f"  {sec / total:6.1%}  {key}")
+    print("self (leaf):")
+    for key, sec in data["leaf"][:25]:
+        print(f"  {sec / total:6.1%}  {key}")
+
+
+# ----------------------------------------------------------------------------
+# turns: a child per tree (its own scratch database, workers and fake model)
+
+
+def turns_child(opts: argparse.Namespace) -> None:
+    os.environ["TERRET_WORKER"] = "celery"
+    os.environ.setdefault("TERRET_MAX_AGENTS", "100000")
+    from bench import turns as t
+    from bench._setup import scratch_database
+
+    scratch_database(opts.db)
+    from sessions_app.models import Event
+
+    t.purge()
+    if opts.profile:
+        t.start_worker = _profiled_start  # type: ignore[assignment]
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--port", "0", "--latency", str(opts.latency),
+         "--mode", "tool-then-final", "--tool", "debug.noop"],
+        cwd=TREE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert fake.stdout is not None
+    base_url = fake.stdout.readline().strip().split()[-1]
+    env = {"TERRET_LLM_BASE_URL": base_url, "TERRET_LLM_API_KEY": "bench"}
+    procs = [t.start_worker(f"s{i}", opts.concurrency, **env) for i in range(opts.workers)]
+    try:
+        for p in procs:
+            t.wait_ready(p, workers=opts.workers)
+        t.settle(procs)
+        for r in range(opts.repeats + 1):
+            if opts.profile and r == 1:  # the warm bursts only
+                for path in Path("/tmp").glob(f"terret-scale-profile-{TREE.name}-*.json"):
+                    Path(f"{path}.reset").touch()
+            sessions = t.make_sessions(opts.turns, f"scale-{r}", ["debug.noop"])
+            ids = [s.id for s in sessions]
+            cpu0 = sum(t.cpu_seconds(p.pid) for p in procs)
+            wall = t._burst(procs, fake, sessions, True)
+            cpu = sum(t.cpu_seconds(p.pid) for p in procs) - cpu0
+            events = Event.objects.filter(session_id__in=ids).count() / len(ids)
+            result(
+                cold=r == 0, wall=wall, ideal=2 * opts.latency, cpu_ms=cpu * 1000 / len(ids), events=events, n=len(ids)
+            )
+            t.settle(procs)
+    finally:
+        for p in procs:
+            t.kill(p)
+        fake.terminate()
+
+
+def _profiled_start(name: str, concurrency: int, **env: str) -> subprocess.Popen[bytes]:
+    full = dict(os.environ, **env)
+    log = open(f"/tmp/terret-bench-{name}.log", "wb")  # noqa: SIM115
+    out = f"/tmp/terret-scale-profile-{TREE.name}-{name}.json"
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "bench" / "scale.py"), "--profiled-worker", out, "--",
+         "-A", "terret_site", "worker", "--pool", "threads", "--concurrency", str(concurrency),
+         "-Q", os.environ["TERRET_QUEUE"], "-n", f"{name}@%h",
+         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+        cwd=TREE, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def run_turns(opts: argparse.Namespace) -> bool:
+    """Baseline and this tree alternately, each in a child process."""
+    trees = [("this tree", HERE)]
+    if (BASELINE / "sessions_app").is_dir() and not opts.no_baseline:
+        trees.insert(0, ("baseline", BASELINE))
+    got: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
+    for rnd in range(opts.rounds):
+        for label, tree in trees:
+            env = dict(os.environ, TERRET_BENCH_TREE=str(tree))
+            args = ["--turns-child", "--db", f"{PREFIX}_turns", "--turns", str(opts.turns),
+                    "--repeats", str(opts.repeats), "--concurrency", str(opts.concurrency),
+                    "--workers", "2", "--latency", "1.0"]  # fmt: skip
+            if opts.profile:
+                args.append("--profile")
+            rows = child(args, env, f"/tmp/terret-scale-turns-{rnd}.log", cwd=tree)
+            warm = [r for r in rows if not r["cold"]]
+            got[label] += warm
+            print(
+                f"  round {rnd + 1}, {label}: wall/ideal {fmt([r['wall'] / r['ideal'] for r in warm])}, "
+                f"worker CPU per turn {fmt([r['cpu_ms'] for r in warm], ' ms')}"
+                f" (cold burst: {rows[0]['wall'] / rows[0]['ideal']:.2f}, {rows[0]['cpu_ms']:.2f} ms)"
+            )
+    n = opts.turns
+    print(
+        f"turns: {n} turns at once, 2 worker processes x {opts.concurrency} threads, 1 s model latency x 2 steps {SHARED}"
+    )
+    ok = True
+    for label, _ in trees:
+        rows = got[label]
+        ratio = median([r["wall"] / r["ideal"] for r in rows])
+        cpu = median([r["cpu_ms"] for r in rows])
+        events = median([r["events"] for r in rows])
+        print(f"turns ({label}): wall/ideal median {ratio:.2f}; worker CPU per two-step turn median {cpu:.2f} ms; "
+              f"{events:.0f} events per turn")  # fmt: skip
+        if label == "this tree":
+            ok &= ratio <= TARGET_WALL and cpu <= TARGET_CPU_MS
+            print(f"turns: wall/ideal {ratio:.2f} (target <= {TARGET_WALL}: {verdict(ratio <= TARGET_WALL)}); "
+                  f"CPU {cpu:.2f} ms (target <= {TARGET_CPU_MS}: {verdict(cpu <= TARGET_CPU_MS)})")  # fmt: skip
+    if "baseline" in got and got["baseline"]:
+        before = median([r["cpu_ms"] for r in got["baseline"]])
+        after = median([r["cpu_ms"] for r in got["this tree"]])
+        print(
+            f"turns: worker CPU per turn before {before:.2f} ms, after {after:.2f} ms (after/before {after / before:.2f})"
+        )
+    return ok
+
+
+# ----------------------------------------------------------------------------
+# Copies of sessions made by the real code: the session row, its events and
+# its live agent, each under a new id, in three INSERT ... SELECT statements.
+
+
+def clone_sessions(template: uuid.UUID, n: int, *, with_agent: bool = True) -> list[uuid.UUID]:
+    from django.db import connection, transaction
+
+    from sessions_app.models import Agent, Event, Session
+
+    if n <= 0:
+        return []
+    s_cols = [f.column for f in Session._meta.concrete_fields if f.column != "id"]
+    a_cols = [f.column for f in Agent._meta.concrete_fields if f.column not in ("id", "agent_id", "session_id")]
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("CREATE TEMP TABLE clone_map ON COMMIT DROP AS SELECT gen_random_uuid() AS id, g AS n "
+                    "FROM generate_series(1, %s) g", [n])  # fmt: skip
+        cols = ", ".join(s_cols)
+        cur.execute(
+            f"INSERT INTO {Session._meta.db_table} (id, {cols}) SELECT m.id, {', '.join(f's.{c}' for c in s_cols)} "
+            f"FROM clone_map m, {Session._meta.db_table} s WHERE s.id = %s",
+            [template],
+        )
+        cur.execute(
+            f"INSERT INTO {Event._meta.db_table} (session_id, seq, kind, data, created_at) "
+            f"SELECT m.id, e.seq, e.kind, e.data, e.created_at FROM clone_map m "
+            f"JOIN {Event._meta.db_table} e ON e.session_id = %s",
+            [template],
+        )
+        if with_agent:
+            cur.execute(
+                f"INSERT INTO {Agent._meta.db_table} (agent_id, session_id, {', '.join(a_cols)}) "
+                f"SELECT left(a.agent_id, 80) || '-c' || m.n, m.id, {', '.join(f'a.{c}' for c in a_cols)} "
+                f"FROM clone_map m JOIN {Agent._meta.db_table} a ON a.session_id = %s",
+                [template],
+            )
+        cur.execute("SELECT id FROM clone_map")
+        return [r[0] for r in cur.fetchall()]
+
+
+def bench_profile(name: str, **extra: Any) -> Any:
+    from sessions_app.models import AgentProfile
+
+    defaults = {"roles": {"main": "bench/model"}, "builtin_tools": ["debug.noop"], "allow_floor": ["*"], **extra}
+    return AgentProfile.objects.get_or_create(name=name, defaults=defaults)[0]
+
+
+def bench_user() -> Any:
+    from django.contrib.auth.models import User
+
+    user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True, "is_superuser": True})
+    return user
+
+
+# ----------------------------------------------------------------------------
+# idle: the same working set, alone and with 99k idle sessions beside it
+
+
+def idle_child(opts: argparse.Namespace) -> None:
+    os.environ["TERRET_WORKER"] = "manual"
+    os.environ.setdefault("TERRET_MAX_AGENTS", "1000000")
+    os.environ.pop("REDIS_URL", None)  # wake-ups and hints are not what is measured
+    if opts.build is not None:
+        from bench._setup import scratch_database
+
+        scratch_database(opts.db)
+        build_idle(opts.active, opts.build)
+        return
+    os.environ["DATABASE_URL"] = db_url(opts.db)
+    import django
+
+    django.setup()
+    measure_idle(opts)
+
+
+def build_idle(active: int, total: int) -> None:
+    """`active` sessions: 90% mid-turn under a live lease, 10% between turns
+    with their agent still live (what the claims take); then idle sessions
+    (one closed turn, agent reaped) up to `total`."""
+    from django.conf import settings
+    from django.db import connection
+
+    from sessions_app import services
+    from sessions_app.models import Agent
+    from sessions_app.runtime.drive import drive
+    from tests.fakes.fake_llm import FakeLLM, Reply
+
+    t0 = time.monotonic()
+    with FakeLLM(lambda body: Reply(text="done", usage=(10, 2, 0.0))) as fake:
+        settings.TERRET_LLM_BASE_URL, settings.TERRET_LLM_API_KEY = fake.base_url, "bench"
+        user, profile = bench_user(), bench_profile("scale-idle")
+        idle, running, target = (services.create_session(user, profile) for _ in range(3))
+        for sid in (idle.id, target.id):
+            services.run_turn(sid, "hello")
+            drive(sid)
+        services.run_turn(running.id, "go")  # open, then held by a live worker:
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE sessions_app_session SET lease_gen = lease_gen + 1, lease_owner = 'bench-host:1:1:x', "
+            "lease_expires_at = now() + interval '1 day', lease_process = NULL WHERE id = %s",
+            [running.id],
+        )
+    Agent.objects.filter(session_id=idle.id).delete()  # reaped: an idle session holds no agent
+    n_target = max(active // 10, 1)
+    clone_sessions(running.id, active - n_target - 1)
+    clone_sessions(target.id, n_target - 1)
+    clone_sessions(idle.id, total - active - 1, with_agent=False)
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE")  # as autovacuum would have, long before
+    print(f"built {total} sessions ({active} with open turns or input) in {time.monotonic() - t0:.1f}s",
+          file=sys.stderr)  # fmt: skip
+
+
+def measure_idle(opts: argparse.Namespace) -> None:
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+    from django.utils import timezone
+
+    from sessions_app.log import leases
+    from sessions_app.models import Session
+    from sessions_app.runtime import sweep
+
+    targets = list(
+        Session.objects.filter(open_turn_seq__isnull=True, agent__isnull=False)
+        .order_by("id")
+        .values_list("id", flat=True)[:50]
+    )
+    assert targets, "no claim targets"
+    client = Client(HTTP_HOST="127.0.0.1")
+    client.force_login(User.objects.get(username="bench"))
+    woken: list[str] = []
+
+    def sweep_once() -> None:
+        sweep._woken.clear()  # each round as if the first in a lease period
+        sweep.sweep_round(at_start=False, wake=woken.append)
+
+    def claim_once(i: int) -> None:
+        now = timezone.now()
+        got = leases.claim(targets[i % len(targets)], "bench:1:1:y", now, now + timezone.timedelta(seconds=30))
+        assert got is not None
+        leases.release(targets[i % len(targets)], got.gen)
+
+    def page_once(i: int) -> None:
+        response = client.get(f"/sessions/{targets[i % len(targets)]}/")
+        assert response.status_code == 200, response.status_code
+
+    timings: dict[str, float] = {}
+    for name, fn, reps in [("sweep", lambda i: sweep_once(), 40), ("claim", claim_once, 300), ("page", page_once, 80)]:
+        for i in range(5):
+            fn(i)
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - t0)
+        timings[name] = statistics.median(times) * 1000
+        # The tenth percentile: on a loaded machine the median carries other
+        # processes' time slices; the fast runs show the work itself.
+        timings[f"{name}_p10"] = statistics.quantiles(times, n=10)[0] * 1000
+    assert not woken, f"the sweep woke {len(woken)} sessions"
+    connection.close()
+    buffers = explain_idle(targets[0], client, verbose=opts.explain)
+    result(
+        db=opts.db,
+        sessions=Session.objects.count(),
+        **timings,
+        **{(k if k.endswith("_scans") else f"{k}_buffers"): v for k, v in buffers.items()},
+    )
+
+
+def explain_idle(target: uuid.UUID, client: Any, *, verbose: bool) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of every statement one sweep round, one
+    claim and one page load send, captured as they are sent and re-run in
+    a transaction that is rolled back. Returns the buffers (8 kB pages)
+    their plans touched, per part: the work that grows with the tables,
+    free of the machine's noise. Printed (stderr) when `verbose`."""
+    import re
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from sessions_app.log import backends, leases
+    from sessions_app.models import Event, Session
+    from sessions_app.runtime import sweep
+
+    captured: list[tuple[str, str, Any]] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        captured.append((current, sql, params))
+        return execute(sql, params, many, context)
+
+    pg = backends.postgres
+    originals = (pg.fetch, pg.fetch_unprepared)
+
+    def spy(fn: Any) -> Any:
+        def wrapped(sql: str, params: Any) -> Any:
+            captured.append((current, sql, params))
+            return fn(sql, params)
+
+        return wrapped
+
+    pg.fetch, pg.fetch_unprepared = spy(pg.fetch), spy(pg.fetch_unprepared)
+    try:
+        with connection.execute_wrapper(wrapper):
+            current = "sweep"
+            sweep._woken.clear()
+            sweep.sweep_round(at_start=False, wake=lambda _sid: None)
+            current = "claim"
+            now = timezone.now()
+            got = leases.claim(target, "bench:1:1:y", now, now + timezone.timedelta(seconds=30))
+            assert got is not None
+            leases.release(target, got.gen)
+            current = "page"
+            client.get(f"/sessions/{target}/")
+    finally:
+        pg.fetch, pg.fetch_unprepared = originals
+    buffers: dict[str, Any] = {"sweep": 0, "claim": 0, "page": 0}
+    scans: dict[str, list[str]] = {"sweep": [], "claim": [], "page": []}
+    for part, sql, params in captured:
+        if sql.lstrip().upper().startswith(("SAVEPOINT", "RELEASE", "ROLLBACK", "BEGIN", "COMMIT", "SET")):
+            continue
+        with connection.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON) {sql}", params)
+                plan = "\n".join(r[0] for r in cur.fetchall())
+            except Exception as exc:  # printed: a statement that cannot be explained here
+                plan = f"(not explained: {exc})"
+            finally:
+                cur.execute("ROLLBACK")
+        for table in re.findall(r"Seq Scan on (\w+)", plan):
+            if table in (Session._meta.db_table, Event._meta.db_table) and table not in scans[part]:
+                scans[part].append(table)
+        top = re.search(r"Buffers: shared((?: \w+=\d+)+)", plan.split("Planning")[0])
+        if top:
+            buffers[part] += sum(int(n) for n in re.findall(r"=(\d+)", top.group(1)))
+        if verbose:
+            print(f"EXPLAIN [{part}] {sql[:400]}\n{plan}\n", file=sys.stderr)
+    return {**buffers, **{f"{k}_scans": v for k, v in scans.items()}}
+
+
+def run_idle(opts: argparse.Namespace) -> bool:
+    small, large = f"{PREFIX}_1k", f"{PREFIX}_100k"
+    log = "/tmp/terret-scale-idle.log"
+    Path(log).write_text("")
+    t0 = time.monotonic()
+    child(
+        ["--idle-child", "--db", small, "--build", str(opts.active), "--active", str(opts.active)],
+        dict(os.environ),
+        log,
+    )
+    child(
+        ["--idle-child", "--db", large, "--build", str(opts.idle), "--active", str(opts.active)], dict(os.environ), log
+    )
+    print(f"idle: built {opts.active} and {opts.idle} sessions in {time.monotonic() - t0:.0f}s (log: {log})")
+    ratios: dict[str, list[float]] = {"sweep": [], "claim": [], "page": []}
+    medians: dict[str, list[float]] = {"sweep": [], "claim": [], "page": []}
+    pages: dict[str, tuple[int, int]] = {}
+    scans: dict[str, list[str]] = {}
+    for rnd in range(opts.rounds):
+        got = {}
+        for db in [small, large] if rnd % 2 == 0 else [large, small]:
+            extra = ["--explain"] if opts.explain and rnd == 0 else []
+            (got[db],) = child(["--idle-child", "--db", db, *extra], dict(os.environ), log)
+        line = []
+        for part in ratios:
+            a, b = got[small], got[large]
+            ratio = b[f"{part}_p10"] / a[f"{part}_p10"]
+            ratios[part].append(ratio)
+            medians[part].append(b[part] / a[part])
+            pages[part] = (a[f"{part}_buffers"], b[f"{part}_buffers"])
+            scans[part] = b[f"{part}_scans"]
+            line.append(f"{part} p10 {a[f'{part}_p10']:.2f} -> {b[f'{part}_p10']:.2f} ms ({ratio:.2f}x), "
+                        f"median {a[part]:.2f} -> {b[part]:.2f} ms")  # fmt: skip
+        print(f"  round {rnd + 1}: {got[small]['sessions']} -> {got[large]['sessions']} sessions: " + "; ".join(line))
+    ok = True
+    for part, values in ratios.items():
+        a, b = pages[part]
+        # The target: the median ratio of the fast runs, and no plan in the
+        # large database scanning a table that grows with idle sessions.
+        met = median(values) <= TARGET_IDLE and not scans[part]
+        ok &= met
+        label = {"sweep": "a sweep round", "claim": "a lease claim + release", "page": "the session page"}[part]
+        print(f"idle: {label}, {opts.idle // 1000}k/{opts.active // 1000}k sessions: time (p10) {fmt(values)} "
+              f"(median of rounds {median(values):.2f}; ratio of medians {fmt(medians[part])}); "
+              f"buffers {a} -> {b}; seq scans of sessions/events at {opts.idle // 1000}k: {scans[part] or 'none'} "
+              f"(target <= {TARGET_IDLE}, no seq scan: {verdict(met)}) {SHARED}")  # fmt: skip
+    if opts.explain:
+        print(f"idle: EXPLAIN output in {log}")
+    return ok
+
+
+# ----------------------------------------------------------------------------
+# parked: many turns parked on an approval, then a real worker
+
+
+def run_parked(opts: argparse.Namespace) -> bool:
+    rows = child(["--parked-child", "--db", f"{PREFIX}_parked", "--parked", str(opts.parked)],
+                 dict(os.environ), "/tmp/terret-scale-parked.log")  # fmt: skip
+    r = rows[0]
+    print(f"parked: {r['parked']} turns parked on an approval; the worker process ({r['threads']} OS threads in all) "
+          f"running {r['active_tasks']} tasks, {r['reserved']} reserved; broker queues {r['queues']} {SHARED}")  # fmt: skip
+    print(f"parked: approve one -> resumed (its first event after the verdict) {fmt(r['resumed'], ' s')}, "
+          f"-> turn/end {fmt(r['ended'], ' s')}")  # fmt: skip
+    held = r["active_tasks"] == 0 and r["reserved"] == 0 and sum(r["queues"].values()) == 0
+    fast = max(r["resumed"]) <= TARGET_RESUME
+    print(f"parked: zero threads and zero broker messages: {verdict(held)}; "
+          f"resumed within {TARGET_RESUME:g} s: {verdict(fast)}")  # fmt: skip
+    return held and fast
+
+
+def parked_child(opts: argparse.Namespace) -> None:
+    os.environ["TERRET_WORKER"] = "celery"
+    os.environ.setdefault("TERRET_MAX_AGENTS", "1000000")
+    from bench import turns as t
+    from bench._setup import scratch_database
+
+    scratch_database(opts.db)
+    from django.conf import settings
+
+    from approvals_app import services as approvals
+    from sessions_app import services
+    from sessions_app.models import Event, Session
+    from sessions_app.runtime.drive import drive
+    from terret_site.celery import app
+
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--port", "0", "--mode", "tool-then-final", "--tool", "debug.noop"],
+        cwd=TREE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert fake.stdout is not None
+    base_url = fake.stdout.readline().strip().split()[-1]
+    settings.TERRET_LLM_BASE_URL, settings.TERRET_LLM_API_KEY = base_url, "bench"
+    user = bench_user()
+    profile = bench_profile("scale-parked", approvals={"debug.noop": "always"})
+    template = services.create_session(user, profile)
+    services.run_turn(template.id, "go")
+    drive(template.id)  # parks on the approval, here, through the real loop
+    row = Session.objects.get(id=template.id)
+    assert row.pending_approvals == 1 and row.lease_owner == "", (row.pending_approvals, row.lease_owner)
+    ids = [template.id, *clone_sessions(template.id, opts.parked - 1)]
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE")
+    t.purge()  # the template's admission wake-up: it was driven here
+    worker = t.start_worker("parked", 64, TERRET_LLM_BASE_URL=base_url, TERRET_LLM_API_KEY="bench")
+    try:
+        t.wait_ready(worker)
+        t.settle([worker], quiet=1.0)
+        time.sleep(2)  # past the start-up sweep and its wake-ups, if any
+        inspect = app.control.inspect(timeout=2)
+        active = sum(len(v) for v in (inspect.active() or {}).values())
+        reserved = sum(len(v) for v in (inspect.reserved() or {}).values())
+        queues = broker_queues()
+        call_id = Event.objects.filter(session_id=template.id, kind="approval/requested").values_list(
+            "data__call_id", flat=True
+        )[0]
+        resumed, ended = [], []
+        for sid in random.Random(19).sample(ids, 5):
+            head = Session.objects.get(id=sid).last_seq
+            t0 = time.time()
+            approvals.decide(sid, call_id, "approve", user=user)
+            after = head + 1  # the verdict's own event
+            first = wait_event(sid, lambda e, a=after: e.seq > a)
+            resumed.append(first - t0)
+            ended.append(wait_event(sid, lambda e: e.kind == "turn/end") - t0)
+        threads = len(list(Path(f"/proc/{worker.pid}/task").iterdir()))
+        result(parked=len(ids), active_tasks=active, reserved=reserved, queues=queues, resumed=resumed,
+               ended=ended, threads=threads)  # fmt: skip
+    finally:
+        t.kill(worker)
+        fake.terminate()
+
+
+def broker_queues() -> dict[str, int]:
+    """Every list in the broker's Redis database (queues) and kombu's
+    unacked hash, with their lengths."""
+    import redis as redis_lib
+    from django.conf import settings
+
+    r = redis_lib.Redis.from_url(settings.CELERY_BROKER_URL)
+    out = {}
+    for key in r.scan_iter(count=1000):
+        kind = r.type(key).decode()
+        if kind == "list":
+            out[key.decode()] = int(r.llen(key))
+        elif kind == "hash" and b"unacked" in key:
+            out[key.decode()] = int(r.hlen(key))
+        elif kind == "zset" and b"unacked" in key:
+            out[key.decode()] = int(r.zcard(key))
+    return out
+
+
+def wait_event(sid: uuid.UUID, test: Any, timeout: float = 30) -> float:
+    """Epoch seconds of the first event of `sid` passing `test` (its commit stamp)."""
+    from sessions_app.models import Event
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in Event.objects.filter(session_id=sid).order_by("seq"):
+            if test(e):
+                return e.created_at.timestamp()
+        time.sleep(0.01)
+    raise SystemExit(f"{sid}: no such event within {timeout}s")
+
+
+# ----------------------------------------------------------------------------
+# pg: what one PostgreSQL takes
+
+
+PAYLOAD = {"call_id": "call_bench", "name": "debug.noop", "content": "ok", "is_error": False}
+
+
+def _writer(pipe: Any, url: str) -> None:
+    """One appender process: its own Django, one connection (no pool)."""
+    os.environ["DATABASE_URL"] = url
+    os.environ["TERRET_DB_POOL_MAX"] = "0"
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from sessions_app.log import append
+
+    connection.ensure_connection()
+    pipe.send("ready")
+    while (cmd := pipe.recv()) is not None:
+        sid, seconds, start_at = cmd
+        while time.time() < start_at:
+            time.sleep(0.0005)
+        t0, n = time.time(), 0
+        while time.time() < t0 + seconds:
+            append(sid, "tool/result", PAYLOAD)
+            n += 1
+        pipe.send((n, t0, time.time()))
+    connection.close()
+
+
+def pg_rates(url: str, counts: list[int], seconds: float, slices: int) -> dict[int, list[float]]:
+    """Appends/s with n writer processes, one session each, in rotating
+    slices so a stall of the shared server lands on every n alike."""
+    import multiprocessing as mp
+
+    from django.contrib.auth.models import User
+
+    from sessions_app.models import Session
+
+    owner = User.objects.get_or_create(username="bench-pg")[0]
+    ctx = mp.get_context("spawn")
+    procs, pipes = [], []
+    for _ in range(max(counts)):
+        parent, kid = ctx.Pipe()
+        proc = ctx.Process(target=_writer, args=(kid, url), daemon=True)
+        proc.start()
+        procs.append(proc)
+        pipes.append(parent)
+    for pipe in pipes:
+        if not pipe.poll(300) or pipe.recv() != "ready":
+            raise SystemExit("a writer did not start")
+    sids = {n: [Session.objects.create(owner=owner).id for _ in range(n)] for n in counts}
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    try:
+        for i in range(slices):
+            for n in counts[i % len(counts) :] + counts[: i % len(counts)]:
+                start_at = time.time() + 0.05
+                for pipe, sid in zip(pipes, sids[n], strict=False):
+                    pipe.send((sid, seconds, start_at))
+                got = [pipe.recv() for pipe in pipes[:n]]
+                span = max(g[2] for g in got) - min(g[1] for g in got)
+                rates[n].append(sum(g[0] for g in got) / span)
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
+        for proc in procs:
+            proc.join(30)
+    return rates
+
+
+def sizes() -> tuple[int, int, int]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), pg_relation_size('sessions_app_event'), pg_indexes_size('sessions_app_event') "
+            "FROM sessions_app_event"
+        )
+        n, table, index = cur.fetchone()
+    return int(n), int(table), int(index)
+
+
+def realistic_events(turns: int) -> None:
+    """COPY closed two-step turns with a tool call (bench/long_session.py's), into fresh sessions."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.utils import timezone
+
+    from bench.long_session import _turn_events
+    from sessions_app.models import Session
+
+    owner = User.objects.get_or_create(username="bench-pg")[0]
+    now = timezone.now()
+    raw = connection.connection
+    per_session = 100
+    with raw.cursor() as cur, cur.copy("COPY sessions_app_event (session_id, seq, kind, data, created_at) FROM STDIN") as cp:
+        for k in range(0, turns, per_session):
+            sid = Session.objects.create(owner=owner).id
+            seq = 0
+            for n in range(k, min(k + per_session, turns)):
+                for kind, data in _turn_events(n):
+                    seq += 1
+                    cp.write_row((sid, seq, kind, json.dumps(data), now))
+
+
+def run_pg(opts: argparse.Namespace) -> bool:
+    os.environ.setdefault("TERRET_MAX_AGENTS", "100000")
+    from bench._setup import scratch_database
+
+    url = scratch_database(f"{PREFIX}_pg")
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('max_connections')::int - count(*), current_setting('synchronous_commit'), "
+            "current_setting('server_version') FROM pg_stat_activity"
+        )
+        free, sync, version = cur.fetchone()
+    counts = [n for n in (1, 8, 32, 64) if n + 10 <= free]
+    if len(counts) < 4:
+        print(f"pg: only {free} free connections on the server: measuring {counts}")
+    connection.close()
+    rates = pg_rates(url, counts, 0.5, 4 * len(counts))
+    print(f"pg: PostgreSQL {version}, synchronous_commit={sync}; sessions_app.log.append(), one writer process "
+          f"per session, kind tool/result, 0.5 s slices in rotating order {SHARED}")  # fmt: skip
+    for n in counts:
+        total = sum(rates[n]) / len(rates[n])
+        print(f"pg: {n:>2} sessions in parallel: {total:8.0f} appends/s (slices {fmt(rates[n], '', 0)})")
+    n0, t0, i0 = sizes()
+    print(f"pg: {n0} appended tool/result events: table {t0 / n0:.0f} B/event, indexes {i0 / n0:.0f} B/event")
+    realistic_events(20_000)
+    n1, t1, i1 = sizes()
+    dn = n1 - n0
+    print(f"pg: {dn} events of two-step turns (bench/long_session.py's, 10 per turn): table "
+          f"{(t1 - t0) / dn:.0f} B/event, indexes {(i1 - i0) / dn:.0f} B/event")  # fmt: skip
+    best = max(sum(v) / len(v) for v in rates.values())
+    print(f"pg: capacity model inputs: {best:.0f} appends/s at best; 12 events per two-step tool turn (turns section)")
+    for per_hour in (1, 6, 60):
+        agents = best * 3600 / (12 * per_hour)
+        print(f"pg:   at {per_hour:>2} turns per agent per hour -> {agents:,.0f} agents at 100% of that rate "
+              f"({agents / 2:,.0f} at 50% headroom)")  # fmt: skip
+    return True
+
+
+# ----------------------------------------------------------------------------
+# --partitioned: another benchmark with the event table hash-partitioned
+
+
+PARTITIONS = int(os.environ.get("TERRET_BENCH_PARTITIONS", "16"))
+
+
+def partition_events(url: str, parts: int = PARTITIONS) -> None:
+    """Rebuild sessions_app_event (empty, just migrated) as a table
+    partitioned by hash(session_id), keeping its columns, constraints,
+    indexes and the immutability trigger. The id primary key becomes
+    (session_id, id): a partitioned table's unique keys must hold its
+    partition key, and nothing references events by id alone."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        trig = conn.execute(
+            "SELECT tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t WHERE tgrelid = 'sessions_app_event'::regclass "
+            "AND NOT tgisinternal"
+        ).fetchall()
+        idx = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'sessions_app_event' "
+            "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'sessions_app_event'::regclass)"
+        ).fetchall()
+        with conn.transaction():
+            conn.execute("ALTER TABLE sessions_app_event RENAME TO sessions_app_event_plain")
+            conn.execute(
+                "CREATE TABLE sessions_app_event (LIKE sessions_app_event_plain INCLUDING DEFAULTS INCLUDING IDENTITY) "
+                "PARTITION BY HASH (session_id)"
+            )
+            for i in range(parts):
+                conn.execute(
+                    f"CREATE TABLE sessions_app_event_p{i} PARTITION OF sessions_app_event "
+                    f"FOR VALUES WITH (MODULUS {parts}, REMAINDER {i})"
+                )
+            conn.execute("ALTER TABLE sessions_app_event ADD PRIMARY KEY (session_id, id)")
+            conn.execute(
+                "ALTER TABLE sessions_app_event ADD CONSTRAINT event_session_seq_uniq UNIQUE (session_id, seq)"
+            )
+            conn.execute(
+                "ALTER TABLE sessions_app_event ADD FOREIGN KEY (session_id) REFERENCES sessions_app_session (id) "
+                "DEFERRABLE INITIALLY DEFERRED"
+            )
+            conn.execute("DROP TABLE sessions_app_event_plain CASCADE")
+            for _name, definition in idx:
+                conn.execute(definition)
+            for _name, definition in trig:
+                conn.execute(definition)
+
+
+def run_partitioned(argv: list[str]) -> int:
+    """Run bench/append.py or bench/long_session.py with the event table
+    partitioned: every `manage.py migrate` they run is followed by
+    partition_events() on the database it migrated."""
+    import runpy
+
+    if not argv:
+        raise SystemExit("usage: scale.py --partitioned bench/append.py [ARGS]")
+    real_run = subprocess.run
+
+    def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        done = real_run(cmd, *args, **kwargs)
+        if isinstance(cmd, list) and "manage.py" in cmd and "migrate" in cmd and done.returncode == 0:
+            url = (kwargs.get("env") or os.environ)["DATABASE_URL"]
+            partition_events(url)
+            print(f"(event table partitioned by hash(session_id) into {PARTITIONS} in {urlparse(url).path[1:]})")
+        return done
+
+    subprocess.run = run  # type: ignore[assignment]
+    script = str((HERE / argv[0]).resolve()) if not Path(argv[0]).is_absolute() else argv[0]
+    sys.argv = [script, *argv[1:]]
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+# ----------------------------------------------------------------------------
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--profiled-worker":
+        profiled_worker(sys.argv[2], sys.argv[4:])
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--partitioned":
+        return run_partitioned(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="idle,parked,turns,pg", help="comma-separated sections")
+    ap.add_argument("--rounds", type=int, default=2, help="repetitions of each comparison (default 2)")
+    ap.add_argument("--idle", type=int, default=100_000, help="sessions in the large case (default 100k)")
+    ap.add_argument("--active", type=int, default=1_000, help="sessions with open turns (default 1k)")
+    ap.add_argument("--parked", type=int, default=10_000)
+    ap.add_argument("--turns", type=int, default=500)
+    ap.add_argument("--repeats", type=int, default=2, help="warm bursts per turns child (after a cold one)")
+    ap.add_argument("--concurrency", type=int, default=256, help="threads per worker process")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="sample the workers' CPU by stack (turns)")
+    ap.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the idle case's queries")
+    # children
+    ap.add_argument("--turns-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--idle-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--parked-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--db", help=argparse.SUPPRESS)
+    ap.add_argument("--build", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--latency", type=float, default=1.0, help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    if opts.turns_child:
+        turns_child(opts)
+        return 0
+    if opts.idle_child:
+        idle_child(opts)
+        return 0
+    if opts.parked_child:
+        parked_child(opts)
+        return 0
+    sections = opts.only.split(",")
+    ok = True
+    started = time.monotonic()
+    for name, run in [("idle", run_idle), ("parked", run_parked), ("turns", run_turns), ("pg", run_pg)]:
+        if name in sections:
+            print(f"--- {name}", flush=True)
+            ok &= run(opts)
+    print(f"targets: {verdict(ok)} ({time.monotonic() - started:.0f} s)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""A LangGraph-server-compatible door over Terret's sessions (docs/langgraph.md)."""

@@ -1,0 +1,162 @@
+"""The open step's streamed text so far, for a socket that connects mid-stream.
+
+Token deltas are live only (hints.publish_delta): a page reloaded in the
+middle of a long reply would otherwise show it from where it reconnected,
+mid-sentence. So the worker streaming a step also keeps that step's text
+here, and a socket that has caught up sends it once (docs/protocol.md,
+`partial`). Never durable and never the log: the step's assistant/message
+supersedes it, and it is dropped when the model call ends.
+
+Where it is kept: in Redis when REDIS_URL is set (the worker and the web
+process are different processes), else in this process's memory (the
+embedded in-process worker shares the web process). Bounded: at most
+MAX_CHARS of text per session (the start of the reply is what a reload
+needs), and a key expires after TTL_SECONDS so a crashed worker's text does
+not linger. A Redis failure costs only this convenience: it is logged once
+and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+MAX_CHARS = 200_000
+TTL_SECONDS = 900
+_TOUCH_EVERY = 200  # appends between TTL refreshes
+
+
+@dataclass
+class _Entry:
+    step: int
+    parts: list[str] = field(default_factory=list)
+
+
+class MemoryStore:
+    """This process's open steps (embedded mode)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[uuid.UUID, _Entry] = {}
+
+    def start(self, sid: uuid.UUID, step: int) -> None:
+        with self._lock:
+            self._entries[sid] = _Entry(step)
+
+    def add(self, sid: uuid.UUID, step: int, text: str) -> None:
+        with self._lock:
+            entry = self._entries.get(sid)
+            if entry is not None and entry.step == step:
+                entry.parts.append(text)
+
+    def clear(self, sid: uuid.UUID, step: int) -> None:
+        with self._lock:
+            entry = self._entries.get(sid)
+            if entry is not None and entry.step == step:
+                del self._entries[sid]
+
+    def read(self, sid: uuid.UUID) -> tuple[int, str] | None:
+        with self._lock:
+            entry = self._entries.get(sid)
+            return None if entry is None else (entry.step, "".join(entry.parts))
+
+
+class RedisStore:
+    """One key per session: "<step>\\n<text so far>", grown with APPEND."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self._client: Any = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._prefix = prefix
+        self._warned = False
+
+    def _key(self, sid: uuid.UUID) -> str:
+        return f"{self._prefix}:partial:{sid.hex}"
+
+    def _safely(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:  # redis.RedisError, OSError: never the turn's problem
+            if not self._warned:
+                self._warned = True
+                logger.warning("partial reply store: %s failed (%s); reloads mid-stream start empty", what, exc)
+            return None
+
+    def start(self, sid: uuid.UUID, step: int) -> None:
+        self._safely("start", self._client.set, self._key(sid), f"{step}\n", TTL_SECONDS)
+
+    def add(self, sid: uuid.UUID, step: int, text: str) -> None:
+        self._safely("append", self._client.append, self._key(sid), text)
+
+    def touch(self, sid: uuid.UUID) -> None:
+        self._safely("expire", self._client.expire, self._key(sid), TTL_SECONDS)
+
+    def clear(self, sid: uuid.UUID, step: int) -> None:
+        self._safely("delete", self._client.delete, self._key(sid))
+
+    def read(self, sid: uuid.UUID) -> tuple[int, str] | None:
+        raw = self._safely("read", self._client.get, self._key(sid))
+        if not raw:
+            return None
+        head, _, text = raw.decode("utf-8", errors="replace").partition("\n")
+        try:
+            return int(head), text
+        except ValueError:
+            return None
+
+
+_lock = threading.Lock()
+_stores: dict[str, MemoryStore | RedisStore] = {}
+
+
+def store() -> MemoryStore | RedisStore:
+    """The store for this configuration (one per REDIS_URL and prefix)."""
+    url = getattr(settings, "REDIS_URL", None) or ""
+    key = f"{url}|{settings.CHANNEL_PREFIX}"
+    with _lock:
+        found = _stores.get(key)
+        if found is None:
+            found = RedisStore(url, settings.CHANNEL_PREFIX) if url else MemoryStore()
+            _stores[key] = found
+        return found
+
+
+class Recorder:
+    """Keeps one model call's streamed text (the runner makes one per call)."""
+
+    def __init__(self, session_id: uuid.UUID, step: int) -> None:
+        self.sid = session_id
+        self.step = step
+        self.kept = 0
+        self.appends = 0
+        self.store = store()
+        self.store.start(session_id, step)
+
+    def add(self, text: str) -> None:
+        room = MAX_CHARS - self.kept
+        if room <= 0 or not text:
+            return  # bounded: the start of the reply is kept, the rest streams live
+        piece = text[:room]
+        self.store.add(self.sid, self.step, piece)
+        self.kept += len(piece)
+        self.appends += 1
+        if isinstance(self.store, RedisStore) and self.appends % _TOUCH_EVERY == 0:
+            self.store.touch(self.sid)
+
+    def close(self) -> None:
+        self.store.clear(self.sid, self.step)
+
+
+def so_far(session_id: uuid.UUID) -> tuple[int, str] | None:
+    """(step, text) of the session's step being streamed now, or None."""
+    found = store().read(session_id)
+    if found is None or not found[1]:
+        return None
+    return found

@@ -1,0 +1,328 @@
+"""Scheduled wake-ups: the clock that claims due schedules and fires them.
+
+Every worker process (Celery's and the in-process one) runs a clock thread
+that calls `tick()` every TERRET_SCHEDULE_POLL_SECONDS. A tick claims due
+schedules one at a time with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers
+claim disjoint rows and none waits on another's claim; and it fires the
+schedule inside the same transaction as the claim: the session's follow-up
+input, its `schedule/fired` event and the schedule's advance (runs, next due
+time, generation) commit together or not at all. A worker killed mid-claim
+leaves the row pending for the next tick; a schedule can never fire twice for
+one due time, and nothing waits on a timer in a broker (no Celery ETA or
+countdown, whose messages a broker re-delivers past its visibility timeout).
+The row lock is the claim, so `claimed` is never seen committed; `generation`
+counts the claims.
+
+Before each firing the clock checks again what may have changed since the
+schedule was made: the session revoked or archived (the schedule is
+cancelled), an operator's suspension, a budget, the profile's bounds, the
+schedule's own token budget (the firing is skipped, and why is recorded),
+the previous run's input still waiting (coalesced: one pending follow-up per
+schedule), and the runs so far: after `schedule_pause_after` consecutive
+runs whose turns ended empty, failed or rejected it pauses itself.
+
+Misfires: a due time more than TERRET_SCHEDULE_GRACE_SECONDS in the past (the
+workers were down) follows the schedule's policy: `skip` drops the missed
+due times, `run_once` fires once for all of them and keeps the recurrence's
+phase, `reschedule` fires once and restarts the recurrence from now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronsim import CronSim
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from sessions_app import log
+from sessions_app.log.reads import input_fate, turn_events, turn_start_before
+from sessions_app.models import Schedule, Session
+from sessions_app.runtime import admission, dispatch, lifecycle, limits
+
+logger = logging.getLogger(__name__)
+
+LIVE = ("pending", "paused")
+NO_PROGRESS = ("empty", "failed", "rejected")
+# Misfire counting gives up past this many missed due times (a minutely cron
+# down for a week is "more than 10000", not a loop).
+MAX_COUNT = 10_000
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def next_after(s: Schedule, after: datetime) -> datetime | None:
+    """The schedule's first due time strictly after `after`, keeping the
+    recurrence's phase (an interval counts from the current due time); None
+    for a one-shot schedule."""
+    if s.cron:
+        return next(iter(CronSim(s.cron, after)))
+    if s.every_seconds and s.due_at is not None:
+        step = timedelta(seconds=s.every_seconds)
+        if s.due_at > after:
+            return s.due_at
+        behind = (after - s.due_at) // step
+        return s.due_at + step * (behind + 1)
+    return None
+
+
+def missed_between(s: Schedule, since: datetime, until: datetime) -> int:
+    """How many due times fall in (since, until]: those a misfire folds into one."""
+    if s.every_seconds:
+        return int((until - since).total_seconds() // s.every_seconds)
+    if not s.cron:
+        return 0
+    count = 0
+    for at in CronSim(s.cron, since):
+        if at > until or count >= MAX_COUNT:
+            break
+        count += 1
+    return count
+
+
+def tick(*, now: datetime | None = None) -> int:
+    """Claim and fire every schedule due now, one per transaction. Returns
+    how many were handled (fired, skipped or finished)."""
+    handled = 0
+    while True:
+        at = now or timezone.now()
+        with transaction.atomic():
+            s = (
+                Schedule.objects.select_for_update(skip_locked=True)
+                .filter(status="pending", due_at__lte=at)
+                .order_by("due_at")
+                .first()
+            )
+            if s is None:
+                return handled
+            _handle(s, at)
+        handled += 1
+
+
+def _handle(s: Schedule, now: datetime) -> None:
+    s.generation += 1
+    session = Session.objects.select_related("profile").filter(id=s.session_id).first()
+    stop = _stopped(s, session)
+    if stop is not None:
+        _finish(s, "cancelled", stop, now, log_it=True)
+        return
+    assert session is not None
+    _count_last_run(s)
+    profile = session.profile
+    pause_after = profile.schedule_pause_after if profile is not None else 3
+    if pause_after and s.no_progress >= pause_after:
+        _pause(s, now, pause_after)
+        return
+    if s.budget_tokens is not None and s.spent_tokens >= s.budget_tokens:
+        _finish(s, "failed", f"its budget of {s.budget_tokens} tokens is spent ({s.spent_tokens})", now)
+        return
+    late = (now - s.due_at).total_seconds() if s.due_at else 0.0
+    misfire = late > settings.TERRET_SCHEDULE_GRACE_SECONDS
+    assert s.due_at is not None
+    missed = missed_between(s, s.due_at, now) if misfire else 0
+    if misfire and s.misfire == "skip":
+        _skip(s, now, f"misfire: {missed + 1} due time(s) passed while no worker ran", late)
+        return
+    reason = _refusal(s, session)
+    if reason is not None:
+        _skip(s, now, reason, late)
+        return
+    _fire(s, session, now, late, missed)
+
+
+def _stopped(s: Schedule, session: Session | None) -> str | None:
+    if session is None:
+        return "the session is gone"
+    if session.revoked_seq is not None:
+        return "the session was revoked"
+    if getattr(session, "archived_at", None) is not None:
+        return "the session was archived"
+    return None
+
+
+def _refusal(s: Schedule, session: Session) -> str | None:
+    """Why this firing may not start a turn now (None: it may)."""
+    profile = session.profile
+    if profile is None:
+        return "the session has no agent profile"
+    if profile.max_schedules == 0:
+        return "the profile allows no schedules"
+    if s.every_seconds and s.every_seconds < profile.min_schedule_seconds:
+        return f"the profile's shortest interval is now {profile.min_schedule_seconds} s"
+    if s.last_input_seq is not None and not s.last_run_counted:
+        placed, _ = input_fate(s.session_id, s.last_input_seq)
+        if placed is None:
+            return f"coalesced: its previous input (seq {s.last_input_seq}) still waits"
+    hold = limits.hold_of(profile, suspended=session.suspended_seq is not None)
+    if hold is not None:
+        return f"held: {hold.message}"
+    budgeted = any(getattr(session, f"budget_{name}") is not None for name in limits.BUDGETS)
+    over = limits.check(session.id, profile, opening=True, budgeted=budgeted)
+    if over is not None:
+        return f"budget: {over.message}"
+    return None
+
+
+def _count_last_run(s: Schedule) -> None:
+    """Fold the previous run's outcome into the no-progress count and the
+    tokens spent, once its turn has ended."""
+    if s.last_input_seq is None or s.last_run_counted:
+        return
+    placed, end = input_fate(s.session_id, s.last_input_seq)
+    if placed is not None and placed.kind == "input/withdrawn":
+        s.last_run_counted = True  # withdrawn by its owner: no run to judge
+        return
+    if placed is None or end is None:
+        return  # still waiting, or its turn is still running
+    s.last_run_counted = True
+    s.no_progress = s.no_progress + 1 if end.data.get("status") in NO_PROGRESS else 0
+    s.spent_tokens += _turn_tokens(s.session_id, placed.seq, end.seq)
+
+
+def _turn_tokens(session_id: uuid.UUID, placed_seq: int, end_seq: int) -> int:
+    start = turn_start_before(session_id, placed_seq) or placed_seq
+    total = 0
+    for e in turn_events(session_id, start):
+        if e.seq > end_seq:
+            break
+        usage = e.data.get("usage") if e.kind == "step/end" else None
+        if usage:
+            total += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+    return total
+
+
+def _fire(s: Schedule, session: Session, now: datetime, late: float, missed: int) -> None:
+    assert s.due_at is not None
+    run = s.runs + 1
+    with log.locked(session.id) as tx:
+        extra: dict[str, Any] = {"schedule_id": str(s.id)}
+        event = admission.defer(tx, s.text, "follow_up", f"schedule:{s.id}", **extra)
+        fired: dict[str, Any] = {
+            "schedule_id": str(s.id),
+            "due_at": s.due_at.isoformat(),
+            "late_ms": max(0, int(late * 1000)),
+            "run": run,
+            "input_seq": event.seq,
+            "worker": _WORKER,
+        }
+        if missed:
+            fired["missed"] = missed
+        tx.append("schedule/fired", fired)
+        dispatch.wake(tx.session_id)
+    s.runs = run
+    s.last_input_seq = event.seq
+    s.last_run_counted = False
+    outcome = "late" if late > settings.TERRET_SCHEDULE_GRACE_SECONDS else "ran"
+    s.last_outcome = _outcome(outcome, now, s.due_at, late, missed=missed)
+    if s.max_runs is not None and run >= s.max_runs:
+        _finish(s, "completed", f"ran {run} time(s) of {s.max_runs}", now, keep_outcome=True)
+        return
+    nxt = _next_due(s, now)
+    if nxt is None:
+        _finish(s, "completed", "a one-shot schedule that ran", now, keep_outcome=True)
+        return
+    s.due_at = nxt
+    _save(s, now)
+
+
+def _next_due(s: Schedule, now: datetime) -> datetime | None:
+    if (
+        s.misfire == "reschedule"
+        and s.every_seconds
+        and s.due_at is not None
+        and s.due_at < now - timedelta(seconds=settings.TERRET_SCHEDULE_GRACE_SECONDS)
+    ):
+        return now + timedelta(seconds=s.every_seconds)
+    return next_after(s, max(now, s.due_at) if s.due_at else now)
+
+
+def _skip(s: Schedule, now: datetime, reason: str, late: float) -> None:
+    assert s.due_at is not None
+    s.skipped += 1
+    s.last_outcome = _outcome("skipped", now, s.due_at, late, reason=reason)
+    nxt = next_after(s, max(now, s.due_at))
+    if nxt is None:
+        _finish(s, "skipped", reason, now, keep_outcome=True)
+        return
+    s.due_at = nxt
+    _save(s, now)
+
+
+def _pause(s: Schedule, now: datetime, after: int) -> None:
+    reason = f"paused after {s.no_progress} consecutive runs without progress (limit {after})"
+    with log.locked(s.session_id) as tx:
+        tx.append("schedule/paused", {"schedule_id": str(s.id), "reason": reason, "runs": s.runs})
+    s.status = "paused"
+    s.status_reason = reason
+    _save(s, now)
+
+
+def _finish(
+    s: Schedule, status: str, reason: str, now: datetime, *, log_it: bool = False, keep_outcome: bool = False
+) -> None:
+    if log_it:
+        with log.locked(s.session_id) as tx:
+            tx.append("schedule/cancelled", {"schedule_id": str(s.id), "reason": reason, "by": "terret"})
+    if not keep_outcome:
+        s.last_outcome = _outcome("skipped", now, s.due_at, 0.0, reason=reason)
+    s.status = status
+    s.status_reason = reason
+    s.due_at = None
+    _save(s, now)
+
+
+def _outcome(
+    outcome: str, now: datetime, due: datetime | None, late: float, *, reason: str = "", missed: int = 0
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "outcome": outcome,
+        "at": now.isoformat(),
+        "due_at": due.isoformat() if due else None,
+        "late_seconds": round(max(0.0, late), 3),
+    }
+    if reason:
+        out["reason"] = reason
+    if missed:
+        out["missed"] = missed
+    return out
+
+
+def _save(s: Schedule, now: datetime) -> None:
+    s.updated_at = now
+    s.save()
+
+
+# -- the clock thread -----------------------------------------------------------
+
+_clock: threading.Thread | None = None
+_clock_lock = threading.Lock()
+
+
+def start_clock(active: Callable[[], bool] = lambda: True) -> None:
+    """Start this process's clock thread (once). `active` is asked before
+    every tick: a draining worker (SIGTERM) fires nothing more."""
+    global _clock
+    with _clock_lock:
+        if _clock is not None and _clock.is_alive():
+            return
+        _clock = threading.Thread(target=_run_clock, args=(active,), name="terret-clock", daemon=True)
+        _clock.start()
+
+
+def _run_clock(active: Callable[[], bool]) -> None:
+    while True:
+        if active() and not lifecycle.draining.is_set():
+            try:
+                tick()
+            except Exception:
+                logger.exception("schedule clock tick failed")
+                connection.close()  # a broken connection is replaced on the next tick
+        time.sleep(settings.TERRET_SCHEDULE_POLL_SECONDS)

@@ -1,0 +1,532 @@
+"""Forks: a new session from a point of another one's log.
+
+The log is append-only, so the past is never rewritten: going back means
+starting a new session (the *child*) whose log opens with a copy of the
+parent's model-visible history as of a seq, `at_seq`. docs/events.md
+("Forks") is the reference; in short:
+
+- **Fork points.** `at_seq` is a fork point when no step is open as of it:
+  the newest of the turn/start, turn/end, step/start and step/end events at
+  or before it is not a step/start. So: anywhere between turns, and inside
+  a turn only at its opening (turn/start and the input it took in) or right
+  after a step/end. Inside a step the parent had a model reply on its way,
+  calls owed results or parked on a verdict; none of that is copied, so a
+  fork never starts there. In a fork, its seed (seqs 1..seed_upto, one
+  commit) is forkable only as a whole, at seed_upto.
+- **Refusals.** Any other seq is refused with InvalidForkPoint naming the
+  nearest fork points before and after it, except a seq inside the step that
+  is still open at the parent's head (the parent is mid-step now): its end is
+  not written yet, so the fork takes the last fork point before it and
+  session/forked records the seq asked for (`requested_seq`).
+- **The child** is owned by the requester (who must be able to read the
+  parent), on the parent's profile, idle, with no budget of its own set and
+  nothing spent. Its seed, written in one commit: session/forked, the copied
+  history, then the policy and model roles its inheritance policy gives it.
+- **Inheritance.** historical: the policy, model roles and workspace in
+  force as of at_seq; current: the parent's as of now; fresh: the profile's
+  floor and roles and an empty workspace. Never: effects (no tool/attempt is
+  copied), schedules, tokens, budgets or spend, approvals (parked or granted
+  for the session: a policy's auto_approve stays with the parent).
+- **Holds.** A session an operator revoked or suspended is not forked
+  (SessionRevoked, NotAllowed) until restored or resumed: a fork must not
+  escape the hold.
+- **The parent** gets one session/forked_to, appended under its row lock in
+  the same transaction as the child's seed, so every fork of it is ordered
+  among its events; nothing else of it changes.
+
+Workspaces: historical is rebuilt from the log (the seed snapshot of a fork,
+then every workspace.write whose result is not an error, with the
+arguments that ran); current is a copy of the parent's directory now. Either
+way the child's starting workspace is also kept as its seed snapshot
+(TERRET_WORKSPACE_ROOT/fork-seeds/<child>/), which a historical fork of the
+child starts from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from sessions_app import log
+from sessions_app.errors import (
+    InvalidForkPoint,
+    InvalidInput,
+    NotAllowed,
+    SessionRevoked,
+    TurnAlreadyRunning,
+    UnknownSession,
+)
+from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
+from sessions_app.log.projection import latest_compaction
+from sessions_app.models import Event, Session
+from sessions_app.permissions import can_view
+from sessions_app.runtime import dispatch
+from sessions_app.services.inputs import Receipt, inject
+from sessions_app.tools.base import ToolContext, ToolError
+from sessions_app.tools.builtins import BUILTINS, CHARGES_FILE, workspace_dir
+
+logger = logging.getLogger(__name__)
+
+POLICIES: tuple[str, ...] = ("historical", "current", "fresh")
+MARKERS = ("turn/start", "turn/end", "step/start", "step/end")
+SEEDS_DIR = "fork-seeds"
+# The workspace tool's own temporary files (write-then-rename): never copied.
+TEMP_PREFIX = ".terret-write-"
+Items = list[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Point:
+    """The fork point used, and the seq asked for when it was taken back."""
+
+    at_seq: int
+    requested: int
+
+    @property
+    def moved(self) -> bool:
+        return self.at_seq != self.requested
+
+
+# ---------------------------------------------------------------- fork points
+
+
+def seed_upto(session_id: uuid.UUID) -> int:
+    """The last seq of a fork's seed (0: the session is no fork)."""
+    first = Event.objects.filter(session_id=session_id, seq=1).values_list("kind", "data").first()
+    if first is None or first[0] != "session/forked":
+        return 0
+    return int(first[1]["seed_upto"])
+
+
+def _markers_before(session_id: uuid.UUID, seq: int, limit: int = 64) -> list[tuple[int, str]]:
+    rows = (
+        Event.objects.filter(session_id=session_id, kind__in=MARKERS, seq__lte=seq)
+        .order_by("-seq")
+        .values_list("seq", "kind")[:limit]
+    )
+    return list(rows)
+
+
+def _step_open_at(session_id: uuid.UUID, seq: int) -> int | None:
+    """The step/start of the step open as of `seq` (the first of a run, since
+    a resumed step may start again), or None when no step is open."""
+    markers = _markers_before(session_id, seq)
+    if not markers or markers[0][1] != "step/start":
+        return None
+    first = markers[0][0]
+    for marker_seq, kind in markers:
+        if kind != "step/start":
+            break
+        first = marker_seq
+    return first
+
+
+def _step_closed_after(session_id: uuid.UUID, seq: int) -> int | None:
+    row = (
+        Event.objects.filter(session_id=session_id, kind__in=("step/end", "turn/end"), seq__gt=seq)
+        .order_by("seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    return int(row) if row is not None else None
+
+
+def last_point(session_id: uuid.UUID, seq: int) -> int:
+    """The last fork point at or before `seq` (seq itself if it is one)."""
+    start = _step_open_at(session_id, seq)
+    return seq if start is None else start - 1
+
+
+def resolve_point(session_id: uuid.UUID, at_seq: int, head: int) -> Point:
+    """`at_seq` as a fork point of the session (head: its last_seq), by the
+    rule in the module docstring; InvalidForkPoint when it is none."""
+    floor = max(seed_upto(session_id), 1)
+    if at_seq < floor:
+        where = "inside this fork's seed, which forks only as a whole" if at_seq >= 1 else "before the log's start"
+        raise InvalidForkPoint(
+            f"seq {at_seq} is {where}; the nearest fork point is {floor}", at_seq=at_seq, before=None, after=floor
+        )
+    if at_seq > head:
+        before = last_point(session_id, head)
+        raise InvalidForkPoint(
+            f"seq {at_seq} is past the log's head ({head}); the nearest fork point is {before}",
+            at_seq=at_seq,
+            before=before,
+            after=None,
+        )
+    start = _step_open_at(session_id, at_seq)
+    if start is None:
+        return Point(at_seq, at_seq)
+    after = _step_closed_after(session_id, at_seq)
+    if after is None:  # the step is still open at the head: the parent is mid-step now
+        return Point(start - 1, at_seq)
+    raise InvalidForkPoint(
+        f"seq {at_seq} is inside a step (its step/start is {start}, its end {after}); "
+        f"fork at {start - 1} (before the step) or {after} (after it)",
+        at_seq=at_seq,
+        before=start - 1,
+        after=after,
+    )
+
+
+# ---------------------------------------------------------------- the seed
+
+
+def _copied(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A model-visible event as the child's log holds it: what the model
+    sees, without the parent's bookkeeping (input cursors, usage, attempts)."""
+    if kind in ("user/message", "context/injected"):
+        return {"text": data["text"]}
+    if kind == "assistant/message":
+        return {k: data[k] for k in ("content", "tool_calls", "partial") if k in data}
+    if kind == "tool/result":
+        return {k: data[k] for k in ("call_id", "name", "content", "is_error", "via") if k in data}
+    return dict(data)
+
+
+def _first_user_text(session_id: uuid.UUID, before: int) -> str | None:
+    row = (
+        Event.objects.filter(session_id=session_id, kind="user/message", seq__lt=before)
+        .order_by("seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return None if row is None else str(row.get("text") or "")
+
+
+def history_items(session_id: uuid.UUID, at_seq: int) -> Items:
+    """The parent's model-visible history as of at_seq, as the child's
+    events from seq 2 on (after its session/forked): from the latest
+    compaction at or before at_seq (preceded by the session's first user
+    message, which the summary hides but compaction's Task block reads),
+    then every model-visible event after it."""
+    items: Items = []
+    after = 0
+    compaction = latest_compaction(session_id, at_seq)
+    if compaction is not None:
+        after, data = compaction
+        task = _first_user_text(session_id, after)
+        if task is not None:
+            items.append(("user/message", {"text": task}))
+        # upto_seq: the child's seq just before it (session/forked is seq 1).
+        items.append(("session/compacted", {"upto_seq": len(items) + 1, "summary": data["summary"]}))
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=after, seq__lte=at_seq, kind__in=MODEL_VISIBLE)
+        .exclude(kind="session/compacted")
+        .order_by("seq")
+        .values_list("kind", "data")
+    )
+    items.extend((kind, _copied(kind, data)) for kind, data in rows)
+    _check_answered(items, at_seq)
+    return items
+
+
+def _check_answered(items: Items, at_seq: int) -> None:
+    """Every copied call has its result: true at a fork point by the rule;
+    checked, because a provider refuses a history that breaks it."""
+    owed: set[str] = set()
+    for kind, data in items:
+        if kind == "assistant/message":
+            owed |= {c["id"] for c in data.get("tool_calls") or []}
+        elif kind == "tool/result":
+            owed.discard(data["call_id"])
+    if owed:
+        raise InvalidForkPoint(f"seq {at_seq} leaves calls without results", at_seq=at_seq, before=None, after=None)
+
+
+def _latest(session_id: uuid.UUID, kind: str, upto: int, **match: Any) -> dict[str, Any] | None:
+    qs = Event.objects.filter(session_id=session_id, kind=kind, seq__lte=upto, **match)
+    return qs.order_by("-seq").values_list("data", flat=True).first()
+
+
+def inherited(
+    session_id: uuid.UUID, point: int, policy: str, row: dict[str, Any]
+) -> tuple[list[str] | None, dict[str, str]]:
+    """The allow-list patterns (None: the profile's floor) and model roles
+    the child gets: as of `point`, as of now (`row`: the parent's row under
+    its lock), or none."""
+    if policy == "fresh":
+        return None, {}
+    if policy == "current":
+        upto, roles = int(row["last_seq"]), {r: row[f"model_{r}"] for r in MODEL_ROLES if row[f"model_{r}"]}
+    else:
+        upto, roles = point, {}
+        for role in MODEL_ROLES:
+            found = _latest(session_id, "model/updated", point, data__role=role)
+            if found is not None:
+                roles[role] = found["spec"]
+    policy_event = _latest(session_id, "policy/updated", upto)
+    return (None if policy_event is None else list(policy_event["patterns"])), roles
+
+
+def seed_items(parent: uuid.UUID, point: Point, policy: str, row: dict[str, Any], *, by: str) -> Items:
+    """The child's whole seed, session/forked first."""
+    history = history_items(parent, point.at_seq)
+    patterns, roles = inherited(parent, point.at_seq, policy, row)
+    tail: Items = []
+    if patterns is not None:
+        tail.append(("policy/updated", {"patterns": patterns, "by": by}))
+    tail.extend(("model/updated", {"role": role, "spec": spec, "by": by}) for role, spec in roles.items())
+    if row["title"]:
+        tail.append(("session/titled", {"title": (row["title"][:73] + " (fork)")}))
+    forked: dict[str, Any] = {
+        "parent": str(parent),
+        "at_seq": point.at_seq,
+        "policy": policy,
+        "seed_upto": 1 + len(history) + len(tail),
+        "by": by,
+    }
+    if point.moved:
+        forked["requested_seq"] = point.requested
+    return [("session/forked", forked), *history, *tail]
+
+
+# ---------------------------------------------------------------- workspaces
+
+
+def seed_dir(session_id: uuid.UUID) -> Path:
+    """Where a fork's starting workspace is kept (not created here)."""
+    return Path(settings.TERRET_WORKSPACE_ROOT) / SEEDS_DIR / session_id.hex
+
+
+def copy_files(source: Path, dest: Path, *, skip_top: tuple[str, ...] = ()) -> int:
+    """Copy the regular files under `source` into `dest` (symlinks and the
+    write tool's temporary files are left out); how many were copied."""
+    copied = 0
+    if not source.is_dir():
+        return 0
+    for current, dirs, files in os.walk(source):  # os.walk does not follow symlinked dirs
+        base = Path(current)
+        for name in files:
+            path = base / name
+            rel = path.relative_to(source)
+            if path.is_symlink() or name.startswith(TEMP_PREFIX) or (base == source and name in skip_top):
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / rel, follow_symlinks=False)
+            copied += 1
+        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+    return copied
+
+
+def _ran_arguments(session_id: uuid.UUID, lo: int, hi: int, call_ids: set[str]) -> dict[str, str]:
+    """The arguments each call ran with: a reviewer's edit (on its
+    tool/attempt) over the model's own (its assistant/message)."""
+    found: dict[str, str] = {}
+    replies = Event.objects.filter(session_id=session_id, kind="assistant/message", seq__gt=lo, seq__lte=hi)
+    for data in replies.order_by("seq").values_list("data", flat=True):
+        for call in data.get("tool_calls") or []:
+            if call["id"] in call_ids:
+                found[call["id"]] = call["arguments"]
+    attempts = Event.objects.filter(session_id=session_id, kind="tool/attempt", seq__gt=lo, seq__lte=hi)
+    for data in attempts.order_by("seq").values_list("data", flat=True):
+        if data.get("call_id") in call_ids and "arguments" in data:
+            found[data["call_id"]] = data["arguments"]
+    return found
+
+
+def workspace_writes(session_id: uuid.UUID, lo: int, hi: int) -> list[dict[str, Any]]:
+    """The workspace.write calls in (lo, hi] that took effect (a result that
+    is no error), in the order of their results, with the arguments that ran."""
+    results = (
+        Event.objects.filter(session_id=session_id, kind="tool/result", seq__gt=lo, seq__lte=hi)
+        .filter(data__name="workspace.write")
+        .order_by("seq")
+        .values_list("data", flat=True)
+    )
+    done = [r["call_id"] for r in results if not r.get("is_error")]
+    arguments = _ran_arguments(session_id, lo, hi, set(done))
+    writes = []
+    for call_id in done:
+        try:
+            args = json.loads(arguments.get(call_id, ""))
+        except ValueError:
+            continue  # a call whose arguments never parsed never wrote
+        if isinstance(args, dict):
+            writes.append(args)
+    return writes
+
+
+def rebuild_workspace(session_id: uuid.UUID, at_seq: int, dest: Path) -> None:
+    """The session's workspace as of at_seq, written into `dest`: its seed
+    snapshot (a fork), then its own effective writes up to at_seq."""
+    lo = seed_upto(session_id)
+    if lo:
+        copy_files(seed_dir(session_id), dest)
+    write = BUILTINS["workspace.write"].handler
+    ctx = ToolContext(session_id=session_id, call_id="fork", workspace=dest)
+    for args in workspace_writes(session_id, lo, at_seq):
+        try:
+            write(ctx, args)
+        except ToolError as exc:  # the sandbox refuses it now as it did then
+            logger.warning("fork of %s: a write is not rebuilt: %s", session_id, exc)
+
+
+def seed_workspace(parent: uuid.UUID, at_seq: int, policy: str, child: uuid.UUID) -> None:
+    """The child's starting workspace, and its seed snapshot when not empty."""
+    dest = workspace_dir(child)
+    if policy == "historical":
+        rebuild_workspace(parent, at_seq, dest)
+    elif policy == "current":
+        # debug.charge's charges.log stands for an external system's record
+        # of effects: effects are never inherited.
+        copy_files(workspace_dir(parent), dest, skip_top=(CHARGES_FILE,))
+    if dest.is_dir() and any(dest.iterdir()):
+        copy_files(dest, seed_dir(child))
+
+
+def _discard_workspace(child: uuid.UUID) -> None:
+    for path in (workspace_dir(child), seed_dir(child)):
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path)
+    with contextlib.suppress(OSError):
+        seed_dir(child).parent.rmdir()  # only when no other fork keeps a seed there
+
+
+# ---------------------------------------------------------------- the fork
+
+
+def _parent_for(session_id: Any, user: Any) -> Session:
+    try:
+        sid = uuid.UUID(str(session_id))
+    except ValueError:
+        raise UnknownSession(f"no session {str(session_id)[:64]!r}") from None
+    session = Session.objects.filter(id=sid).first()
+    if session is None or not can_view(user, session):
+        raise UnknownSession(f"no session {sid}")  # one you may not read answers like a missing one
+    return session
+
+
+def _check_args(at_seq: Any, policy: Any) -> None:
+    if isinstance(at_seq, bool) or not isinstance(at_seq, int):
+        raise InvalidInput("at_seq must be an integer")
+    if policy not in POLICIES:
+        raise InvalidInput(f"policy must be one of {', '.join(POLICIES)}")
+
+
+def _refuse_held(row: dict[str, Any]) -> None:
+    """An operator's hold on the parent is not escaped by forking it."""
+    if row["revoked_seq"] is not None:
+        raise SessionRevoked(f"session {row['id']} is revoked; a staff member must restore it before it is forked")
+    if row["suspended_seq"] is not None:
+        raise NotAllowed(f"session {row['id']} is suspended by an operator; it is forked once resumed")
+
+
+def fork(session_id: Any, at_seq: int, policy: str, *, user: Any) -> Session:
+    """A new session of `user`'s from the parent's log as of at_seq (module
+    docstring). Raises UnknownSession (no such session, or one `user` may
+    not read), InvalidInput, InvalidForkPoint; nothing is written then."""
+    _check_args(at_seq, policy)
+    parent = _parent_for(session_id, user)
+    point = resolve_point(parent.id, at_seq, parent.last_seq)
+    by = str(user.get_username())
+    child_id = uuid.uuid4()
+    try:
+        seed_workspace(parent.id, point.at_seq, policy, child_id)  # files: before any lock
+        with log.locked(parent.id) as tx:
+            _refuse_held(tx.row)
+            items = seed_items(parent.id, point, policy, tx.row, by=by)
+            Session.objects.create(id=child_id, owner=user, profile_id=tx.row["profile_id"])
+            log.append_many(child_id, items)
+            tx.append("session/forked_to", {"child": str(child_id), "at_seq": point.at_seq, "policy": policy, "by": by})
+    except BaseException:
+        _discard_workspace(child_id)
+        raise
+    return Session.objects.select_related("profile").get(id=child_id)
+
+
+def forked_from(session_id: uuid.UUID) -> dict[str, Any] | None:
+    """The session/forked payload of a fork (None: no fork)."""
+    first = Event.objects.filter(session_id=session_id, seq=1).values_list("kind", "data").first()
+    return first[1] if first is not None and first[0] == "session/forked" else None
+
+
+def forks_of(session_id: uuid.UUID, limit: int = 200) -> list[dict[str, Any]]:
+    """The session's forks (session/forked_to payloads), oldest first."""
+    rows = Event.objects.filter(session_id=session_id, kind="session/forked_to").order_by("seq")
+    return list(rows.values_list("data", flat=True)[:limit])
+
+
+# ---------------------------------------------------------------- on a message
+
+
+def _event(session_id: uuid.UUID, seq: Any, kind: str) -> None:
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise InvalidInput("seq must be an integer")
+    if not Event.objects.filter(session_id=session_id, seq=seq, kind=kind).exists():
+        raise InvalidInput(f"seq {seq} is not a {kind} of this session")
+
+
+def edit_and_resend(
+    session_id: Any, message_seq: int, text: str, *, user: Any, policy: str = "historical"
+) -> tuple[Session, Receipt]:
+    """Fork just before the user/message at message_seq and send `text` in
+    its place: the fork's first turn answers the edited message."""
+    parent = _parent_for(session_id, user)
+    _event(parent.id, message_seq, "user/message")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInput("text must be a non-empty string")  # checked before the fork is made
+    child = fork(parent.id, message_seq - 1, policy, user=user)
+    return child, inject(child.id, text, wake=True, by=str(user.get_username()))
+
+
+def turn_opening(session_id: uuid.UUID, reply_seq: int) -> tuple[int, Items]:
+    """The turn/start of the turn an assistant/message belongs to, and the
+    input its opening took in (user/message, context/injected), in order."""
+    turn_seq = (
+        Event.objects.filter(session_id=session_id, kind="turn/start", seq__lt=reply_seq)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    if turn_seq is None:
+        raise InvalidInput(f"seq {reply_seq} belongs to no turn")
+    rows = (
+        Event.objects.filter(session_id=session_id, seq__gt=turn_seq, seq__lt=reply_seq)
+        .order_by("seq")
+        .values_list("kind", "data")
+    )
+    opening: Items = []
+    for kind, data in rows:
+        if kind not in ("user/message", "context/injected"):
+            break  # the opening ends where its first step starts
+        opening.append((kind, {"text": data["text"]}))
+    return int(turn_seq), opening
+
+
+def regenerate(session_id: Any, reply_seq: int, *, user: Any, policy: str = "historical") -> Session:
+    """Ask the model again for the assistant/message at reply_seq: fork at
+    its turn's opening (before its input) and open the same turn again with
+    the same input, so the model's first request sees exactly the messages
+    it saw then. (A turn opens with input: the runner ends one without any
+    `empty`; a reply of a later step replays its turn from that input.)"""
+    parent = _parent_for(session_id, user)
+    _event(parent.id, reply_seq, "assistant/message")
+    turn_seq, opening = turn_opening(parent.id, reply_seq)
+    if not opening:
+        raise InvalidInput(f"the turn of seq {reply_seq} took in no input to answer again")
+    child = fork(parent.id, turn_seq, policy, user=user)
+    reopen(child.id, opening, by=str(user.get_username()))
+    return child
+
+
+def reopen(session_id: uuid.UUID, opening: Items, *, by: str) -> int:
+    """Open a turn on the idle fork with the given opening input and wake a
+    worker; the turn/start seq."""
+    with log.locked(session_id) as tx:
+        if tx.row["open_turn_seq"] is not None:
+            raise TurnAlreadyRunning(f"session {session_id} is mid-turn")
+        start = tx.append("turn/start", {"by": by})
+        for kind, data in opening:
+            tx.append(kind, data)
+        dispatch.wake(session_id)
+    return start.seq

@@ -1,0 +1,18 @@
+"""{% schedules_panel %}: the session page's schedules panel, rendered from
+its own read (the chat view need not know about schedules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from sessions_app.web.schedules import PANEL, panel_context
+
+register = template.Library()
+
+
+@register.inclusion_tag(PANEL, takes_context=True)
+def schedules_panel(context: Any) -> dict[str, Any]:
+    request = context["request"]
+    return {**panel_context(context["session"], request.user), "csrf_token": context.get("csrf_token")}

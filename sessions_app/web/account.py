@@ -1,0 +1,62 @@
+"""The user's settings page: API tokens, created (shown once) and revoked.
+
+Writes go through services/tokens.py. A new token is shown in the response
+to the POST that made it and never again (only its hash is stored); the
+page is no-store so Back cannot bring it back from a cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from sessions_app.errors import TerretError
+from sessions_app.services import tokens
+
+
+def _page(request: HttpRequest, *, status: int = 200, **extra: Any) -> HttpResponse:
+    context = {
+        "tokens": list(tokens.tokens_of(request.user)[:200]),
+        "name_max": tokens.MAX_NAME_CHARS,
+        "api_base": request.build_absolute_uri("/api/"),
+        **extra,
+    }
+    response = render(request, "settings/index.html", context, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_GET
+def settings_page(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@login_required
+@require_POST
+def token_create(request: HttpRequest) -> HttpResponse:
+    name = request.POST.get("name", "")
+    try:
+        token, raw = tokens.create_token(request.user, name)
+    except TerretError as exc:
+        return _page(request, status=400, token_error=str(exc), token_name=name)
+    return _page(request, new_token=raw, new_token_row=token)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    try:
+        token = tokens.revoke_token(request.user, token_id)
+    except TerretError as exc:
+        messages.error(request, f"Nothing revoked: {exc}.")
+    else:
+        messages.info(
+            request, f"Revoked the token “{token.name}” ({token.prefix}…). Programs using it are refused now."
+        )
+    return redirect("sessions:settings")

@@ -1,0 +1,54 @@
+"""Styled 403 and 404 pages, and a quiet 403.
+
+Django logs every PermissionDenied that reaches its handler with the
+exception attached, so each refused page view (a reviewer-less user opening
+the queue, a reviewer posting a message) wrote a traceback. A refusal is not
+a fault: the middleware answers it with the styled page itself, and the only
+log line is Django's one-line "Forbidden: /path" warning. Paths under /api/
+are left to the API, which answers in JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+API_PREFIX = "/api/"
+
+
+def _message(exception: BaseException | None, default: str) -> str:
+    text = str(exception or "").strip()
+    # Django's own resolver messages (a dict, the tried patterns) are not for users.
+    return text if text and not text.startswith("{") and len(text) < 300 else default
+
+
+def forbidden(request: HttpRequest, exception: BaseException | None = None) -> HttpResponse:
+    reason = _message(exception, "You do not have permission to do that.")
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse({"code": "not_allowed", "message": reason}, status=403)
+    return render(request, "errors/403.html", {"reason": reason}, status=403)
+
+
+def not_found(request: HttpRequest, exception: BaseException | None = None) -> HttpResponse:
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse({"code": "not_found", "message": f"no such path: {request.path}"}, status=404)
+    return render(request, "errors/404.html", {"path": request.path}, status=404)
+
+
+class QuietForbiddenMiddleware:
+    """Answers a view's PermissionDenied with the styled 403, unlogged."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, PermissionDenied) and not request.path.startswith(API_PREFIX):
+            return forbidden(request, exception)
+        return None

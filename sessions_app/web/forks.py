@@ -1,0 +1,122 @@
+"""The chat page's forks: edit-and-resend and regenerate on a message, the
+breadcrumb back to a fork's parent, and "forked here →" markers.
+
+The chat template includes `sessions/_fork_actions.html`, which loads the
+panel (`fork_panel`, below) into the page's header; static/js/forks.js adds
+the actions to the message rows (also to rows the page's socket adds later)
+and places the markers after the events they fork from. Both actions are
+plain POSTs: the fork is made, and the browser is sent to its chat.
+
+Who may fork: whoever may read the session (the fork is theirs); another
+user's session is a 404 here, as everywhere.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import path, reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from sessions_app.errors import TerretError, UnknownSession
+from sessions_app.models import Session
+from sessions_app.permissions import can_view, visible_sessions
+from sessions_app.services import forks
+
+
+def _readable(request: HttpRequest, session_id: uuid.UUID) -> Session:
+    session = Session.objects.filter(id=session_id).first()
+    if session is None or not can_view(request.user, session):
+        raise Http404("no such session")
+    return session
+
+
+def _chat(session_id: Any, seq: int | None = None) -> str:
+    url = reverse("sessions:chat", args=[session_id])
+    return f"{url}#ev-{seq}" if seq else url
+
+
+def _seq(request: HttpRequest) -> int | None:
+    try:
+        value = int(request.POST.get("seq", ""))
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def panel_context(request: HttpRequest, session: Session) -> dict[str, Any]:
+    """Where the session came from and where its forks went (those the user may read)."""
+    origin = forks.forked_from(session.id)
+    parent = None
+    if origin is not None:
+        found = Session.objects.filter(id=origin["parent"]).first()
+        parent = found if found is not None and can_view(request.user, found) else None
+    notes = forks.forks_of(session.id)
+    children = {
+        str(s.id): s for s in visible_sessions(request.user, Session.objects.filter(id__in=[n["child"] for n in notes]))
+    }
+    marks = [{**n, "session": children[n["child"]]} for n in notes if n["child"] in children]
+    return {
+        "session": session,
+        "origin": origin,
+        "parent": parent,
+        "marks": marks,
+        "seed_upto": forks.seed_upto(session.id),
+    }
+
+
+@login_required
+@require_GET
+def fork_panel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    session = _readable(request, session_id)
+    return render(request, "sessions/_fork_actions.html#panel", panel_context(request, session))
+
+
+def _made(request: HttpRequest, session: Session, seq: int | None, act: Any) -> HttpResponse:
+    """Run `act` (which forks); to the fork's chat, or back with why not."""
+    if seq is None:
+        messages.error(request, "Pick a message to fork from.")
+        return HttpResponseRedirect(_chat(session.id))
+    try:
+        child = act(seq)
+    except UnknownSession:
+        raise Http404("no such session") from None
+    except TerretError as exc:
+        messages.error(request, f"No fork was made: {exc}")
+        return HttpResponseRedirect(_chat(session.id, seq))
+    messages.info(request, "This is a fork: its own session, from that point of the one it came from.")
+    return HttpResponseRedirect(_chat(child.id))
+
+
+@login_required
+@require_POST
+def fork_edit(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """Edit and resend: fork just before the user message at `seq`, then send `text`."""
+    session = _readable(request, session_id)
+    text = request.POST.get("text", "")
+    return _made(
+        request,
+        session,
+        _seq(request),
+        lambda seq: forks.edit_and_resend(session.id, seq, text, user=request.user)[0],
+    )
+
+
+@login_required
+@require_POST
+def fork_regenerate(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """Regenerate: fork at the turn of the assistant message at `seq` and ask again."""
+    session = _readable(request, session_id)
+    return _made(request, session, _seq(request), lambda seq: forks.regenerate(session.id, seq, user=request.user))
+
+
+urlpatterns = [
+    path("sessions/<uuid:session_id>/forks/", fork_panel, name="fork_panel"),
+    path("sessions/<uuid:session_id>/forks/edit/", fork_edit, name="fork_edit"),
+    path("sessions/<uuid:session_id>/forks/regenerate/", fork_regenerate, name="fork_regenerate"),
+]

@@ -1,0 +1,69 @@
+"""The session list: search by title, archived or not, 50 a page, newest
+activity first. Shared by the list page and the live fragment its socket
+sends (the dashboard's socket, web/dashboard.py's list branch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.db.models import F
+from django.template.loader import render_to_string
+
+from sessions_app import permissions
+from sessions_app.models import Agent, Session
+from sessions_app.services.usage import format_cost
+from sessions_app.web.present import status_label
+from sessions_app.web.socket_paths import socket_url
+
+LIST_PAGE_SIZE = 50
+MAX_QUERY_CHARS = 80
+# What the list page asks the dashboard's socket for (?page=list-N): the
+# list's own body, rendered for the socket's user (sessions_app/web/dashboard.py).
+LIST_PAGE_PREFIX = "list-"
+
+
+def agent_id_of(session: Session) -> str:
+    try:
+        return session.agent.agent_id
+    except Agent.DoesNotExist:  # disposed: the session stays readable
+        return ""
+
+
+def list_context(user: Any, page_number: Any, *, query: str = "", archived: bool = False) -> dict[str, Any]:
+    query = " ".join(query.split())[:MAX_QUERY_CHARS]
+    qs = permissions.visible_sessions(user, Session.objects.all())
+    qs = qs.filter(archived_at__isnull=not archived)
+    if query:
+        qs = qs.filter(title__icontains=query)
+    qs = qs.select_related("profile", "owner", "agent").order_by(
+        F("last_event_at").desc(nulls_last=True), "-created_at"
+    )
+    page = Paginator(qs, LIST_PAGE_SIZE).get_page(page_number)
+    rows = [
+        {
+            "session": s,
+            "agent_id": agent_id_of(s),
+            "status_label": status_label(s.status),
+            "cost_text": format_cost(s.cost, s.unpriced_entries),
+        }
+        for s in page.object_list
+    ]
+    show_owner = bool(user.is_staff or permissions.is_reviewer(user))
+    # Only the plain list follows live: a search or the archive is a snapshot.
+    live = not query and not archived
+    return {
+        "page": page,
+        "rows": rows,
+        "show_owner": show_owner,
+        "query": query,
+        "archived": archived,
+        "live": live,
+        "socket_url": socket_url("dashboard"),
+        "live_page": f"{LIST_PAGE_PREFIX}{page.number}",
+    }
+
+
+def list_fragment(user: Any, page_number: Any) -> str:
+    """The list's body as its socket sends it (an out-of-band swap)."""
+    return render_to_string("sessions/list.html#body", {**list_context(user, page_number), "oob": True})

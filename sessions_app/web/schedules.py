@@ -1,0 +1,112 @@
+"""The session page's schedules panel: its list, a form to schedule a
+wake-up, and a cancel button per live schedule. Thin views over
+services/schedules.py; htmx gets the panel back (200, so it swaps, with
+the error in it), a plain POST a redirect to the chat with a message.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from sessions_app.errors import TerretError
+from sessions_app.models import Schedule, Session
+from sessions_app.permissions import can_drive, can_view
+from sessions_app.services import schedules
+
+PANEL = "sessions/_schedules.html"
+
+
+class ScheduleForm(forms.Form):
+    text = forms.CharField(max_length=2000, strip=True)
+    due_at = forms.DateTimeField(
+        required=False,
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        label="At (UTC)",
+    )
+    every_seconds = forms.IntegerField(required=False, min_value=1, label="Or every (seconds)")
+    cron = forms.CharField(required=False, max_length=120, label="Or cron (UTC)")
+    misfire = forms.ChoiceField(choices=[(m, m) for m in Schedule.MISFIRES], initial="run_once")
+    reason = forms.CharField(required=False, max_length=200)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Its own ids: the chat page's composer is id_text, and labels find fields by id.
+        kwargs.setdefault("auto_id", "schedule_%s")
+        super().__init__(*args, **kwargs)
+
+    def body(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        when = data.pop("due_at")
+        if when is not None:
+            # The form's time is UTC, as its label says, whatever the server's zone.
+            data["due_at"] = when.replace(tzinfo=UTC) if when.tzinfo is None else when
+        return {k: v for k, v in data.items() if v not in (None, "")}
+
+
+def panel_context(session: Session, user: Any, **extra: Any) -> dict[str, Any]:
+    return {
+        "session": session,
+        "schedules": schedules.of_session(session.id)[:50],
+        "can_drive": can_drive(user, session),
+        "schedule_form": extra.pop("form", None) or ScheduleForm(),
+        **extra,
+    }
+
+
+def _session(request: HttpRequest, session_id: uuid.UUID) -> Session:
+    session = get_object_or_404(Session.objects.select_related("profile"), id=session_id)
+    if not can_view(request.user, session):
+        raise Http404("no such session")
+    if not can_drive(request.user, session):
+        raise Http404("no such session")  # a reader sees the list, not the buttons
+    return session
+
+
+def _answer(request: HttpRequest, session: Session, *, notice: str = "", error: str = "", form: Any = None) -> Any:
+    if getattr(request, "htmx", False):
+        context = panel_context(session, request.user, form=form, schedule_notice=notice, schedule_error=error)
+        return render(request, PANEL, context)
+    (messages.error if error else messages.info)(request, error or notice)
+    return redirect("sessions:chat", session_id=session.id)
+
+
+@login_required
+@require_POST
+def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    session = _session(request, session_id)
+    form = ScheduleForm(request.POST)
+    if not form.is_valid():
+        problems = " ".join(f"{name}: {' '.join(str(e) for e in errs)}" for name, errs in form.errors.items())
+        return _answer(request, session, error=f"Nothing scheduled: {problems}", form=form)
+    try:
+        made, _ = schedules.create(session.id, form.body(), by=str(request.user.get_username()))
+    except TerretError as exc:
+        return _answer(request, session, error=f"Nothing scheduled: {exc}", form=form)
+    when = made.due_at.strftime("%Y-%m-%d %H:%M:%S UTC") if made.due_at else "never"
+    return _answer(request, session, notice=f"Scheduled; first wake-up {when}.")
+
+
+@login_required
+@require_POST
+def cancel(request: HttpRequest, session_id: uuid.UUID, schedule_id: uuid.UUID) -> HttpResponse:
+    session = _session(request, session_id)
+    try:
+        schedules.cancel(session.id, schedule_id, by=str(request.user.get_username()))
+    except TerretError as exc:
+        return _answer(request, session, error=f"Not cancelled: {exc}")
+    return _answer(request, session, notice="Schedule cancelled.")
+
+
+def due_soon(limit: int = 100) -> list[Schedule]:
+    """The console's list: live schedules, the soonest due first."""
+    live = Schedule.objects.filter(status__in=("pending", "paused")).select_related("session")
+    return list(live.order_by("due_at")[:limit])

@@ -1,0 +1,79 @@
+"""The chat page's schedules panel and the console's list: schedules made
+and cancelled from the page (htmx answered 200 with the panel, errors in
+it), a reader sees the list without the buttons and may not post, and the
+operators' console lists every live schedule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from sessions_app.models import Event, Schedule, Session
+from sessions_app.services import schedules
+from tests.helpers import client_for
+from tests.sessions_app.apiutil import make_reviewer
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+def later(minutes: int = 30) -> str:
+    return (timezone.now() + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M")
+
+
+def test_the_owner_schedules_and_cancels_from_the_page(owner: Any, chat: Session) -> None:
+    c = client_for(owner)
+    page = c.get(reverse("sessions:chat", args=[chat.id])).content.decode()
+    assert 'id="schedules"' in page and "No schedules" in page and 'id="schedule-form"' in page
+    r = c.post(
+        reverse("sessions:schedule_create", args=[chat.id]),
+        {"text": "check the deploy", "due_at": later(), "misfire": "skip", "reason": "deploy"},
+        **HTMX,
+    )
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert "Scheduled; first wake-up" in html and "deploy" in html
+    s = Schedule.objects.get(session=chat)
+    assert (s.created_by, s.misfire, s.status) == ("owner", "skip", "pending")
+    assert abs((s.due_at - timezone.now()).total_seconds() - 1800) < 120, "the form's time is UTC"
+    r = c.post(reverse("sessions:schedule_cancel", args=[chat.id, s.id]), **HTMX)
+    assert "Schedule cancelled." in r.content.decode()
+    s.refresh_from_db()
+    assert s.status == "cancelled"
+    assert Event.objects.filter(session=chat, kind="schedule/cancelled").count() == 1
+
+
+def test_errors_are_shown_in_the_panel_and_nothing_is_made(owner: Any, chat: Session) -> None:
+    c = client_for(owner)
+    r = c.post(reverse("sessions:schedule_create", args=[chat.id]), {"text": "x", "misfire": "skip"}, **HTMX)
+    assert r.status_code == 200
+    assert "Nothing scheduled" in r.content.decode() and 'role="alert"' in r.content.decode()
+    r = c.post(
+        reverse("sessions:schedule_create", args=[chat.id]),
+        {"text": "x", "every_seconds": 1, "misfire": "skip"},
+        **HTMX,
+    )
+    assert "shortest interval" in r.content.decode()
+    assert Schedule.objects.count() == 0
+
+
+def test_a_reader_sees_the_list_but_may_not_post(make_user: Any, chat: Session) -> None:
+    schedules.create(chat.id, {"text": "wake", "due_at": timezone.now() + timedelta(hours=1)}, by="owner")
+    reviewer = make_reviewer(make_user("rev"))
+    c = client_for(reviewer)
+    page = c.get(reverse("sessions:chat", args=[chat.id])).content.decode()
+    assert "schedule-list" in page and 'id="schedule-form"' not in page
+    r = c.post(reverse("sessions:schedule_create", args=[chat.id]), {"text": "x", "due_at": later()})
+    assert r.status_code == 404
+    assert Schedule.objects.count() == 1
+
+
+def test_the_console_lists_live_schedules(make_user: Any, chat: Session) -> None:
+    s, _ = schedules.create(chat.id, {"text": "hourly feed", "every_seconds": 3600}, by="owner")
+    staff = make_user("ops", is_staff=True)
+    page = client_for(staff).get(reverse("sessions:console")).content.decode()
+    assert f'id="ops-schedule-{s.id}"' in page and "hourly feed" in page
