@@ -31,6 +31,7 @@ CHECKED_FIELDS: dict[str, Any] = {
     "mcp_servers": list,
     "approvals": dict,
     "context_windows": dict,
+    "image_roles": list,
 }
 
 
@@ -86,6 +87,7 @@ class AgentProfileForm(ProfileChecks):
             "approvals",
             "compaction_budget",
             "context_windows",
+            "image_roles",
             "summarizer",
             "system_prompt",
             "daily_cost_usd",

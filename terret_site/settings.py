@@ -18,6 +18,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
+from terret_site.dbpool import cap_reconnect_backoff
 from terret_site.env import env_bool, env_float, env_int, env_limit, env_list, env_pauses, env_str, env_url
 
 # Lets ModelAdmin[Model] and QuerySet[Model] be written at runtime for mypy.
@@ -128,6 +129,8 @@ else:
         _pool_min = min(env_int("TERRET_DB_POOL_MIN", 4, minimum=0), _pool_max)
         _db["OPTIONS"] = {"pool": {"min_size": _pool_min, "max_size": _pool_max, "timeout": 30}}
         _db["CONN_MAX_AGE"] = 0
+        # Reconnect about once a second after an outage, not with a doubling backoff.
+        cap_reconnect_backoff()
     # Django turns psycopg's prepared statements off (for transaction-mode
     # poolers such as PgBouncer). The runtime's few fixed statements (appends,
     # claim, release, turn load: sessions_app/log/backends/postgres.py) are prepared on

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from django import template
+from django.db import DatabaseError
 
 from approvals_app.selectors import PendingCall, QueueItem, inline_for, pending_count, with_times
 from sessions_app.permissions import can_approve, is_reviewer
@@ -47,4 +48,9 @@ def approvals_nav(context: template.Context) -> dict[str, Any]:
     user = request.user if request is not None else context.get("user")
     if user is None or not is_reviewer(user):
         return {"show": False}
-    return {"show": True, "count": pending_count(user), "socket": socket_url("approvals") + "?count=1"}
+    try:
+        count: int | None = pending_count(user)
+    except DatabaseError:
+        # Error pages render the bar too: a database outage must not turn them into a 500.
+        count = None
+    return {"show": True, "count": count, "socket": socket_url("approvals") + "?count=1"}

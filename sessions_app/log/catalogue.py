@@ -321,10 +321,12 @@ CATALOGUE: dict[str, Kind] = {
         # --- metadata -------------------------------------------------------
         Kind(
             "turn/start",
-            _obj({"by": _STR, "traceparent": _TRACEPARENT}),
+            _obj({"by": _STR, "traceparent": _TRACEPARENT, "regenerate": {"type": "boolean"}}),
             False,
             "A turn opens. At most one turn is open at a time. `traceparent` (W3C, written while tracing is on) "
-            "names the turn's root span, so every drive of the turn, on any worker, joins one trace.",
+            "names the turn's root span, so every drive of the turn, on any worker, joins one trace. "
+            "`regenerate`: the turn takes in no input and asks the model again for the reply to the history "
+            "as it stands (a fork's regenerate).",
             lambda d: [("open_turn_seq = NEW_SEQ", []), ("turns = turns + 1", []), *_TURN_FRESH],
             lambda d: [(_TURNS_DAY_UPSERT, [])],
         ),
@@ -671,6 +673,21 @@ CATALOGUE: dict[str, Kind] = {
             "The session's title (at most 80 characters); the latest wins. `by` names the person who renamed "
             "the session (absent: the titler). Never model-visible.",
             lambda d: [("title = %s", [d["title"]])],
+        ),
+        Kind(
+            "session/archived",
+            _obj({"by": _STR}),
+            False,
+            "The owner archived the session: hidden from the session list, its agent disposed of and its "
+            "schedules cancelled; the log stays readable. session/unarchived shows it again.",
+            lambda d: [("archived_at = CURRENT_TIMESTAMP", [])],
+        ),
+        Kind(
+            "session/unarchived",
+            _obj({"by": _STR}),
+            False,
+            "The session is listed again; its agent respawns with its next input.",
+            lambda d: [("archived_at = NULL", [])],
         ),
         Kind(
             "policy/updated",

@@ -12,14 +12,16 @@ process are different processes), else in this process's memory (the
 embedded in-process worker shares the web process). Bounded: at most
 MAX_CHARS of text per session (the start of the reply is what a reload
 needs), and a key expires after TTL_SECONDS so a crashed worker's text does
-not linger. A Redis failure costs only this convenience: it is logged once
-and the stream goes on.
+not linger. A Redis failure costs only this convenience: it is logged once,
+Redis is left alone for BACKOFF_SECONDS (no timeout per token), and the
+stream goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,9 @@ logger = logging.getLogger(__name__)
 MAX_CHARS = 200_000
 TTL_SECONDS = 900
 _TOUCH_EVERY = 200  # appends between TTL refreshes
+# After a Redis failure, leave it alone this long: a stream must not wait on
+# a timeout per token while Redis is down.
+BACKOFF_SECONDS = 30.0
 
 
 @dataclass
@@ -47,9 +52,9 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._entries: dict[uuid.UUID, _Entry] = {}
 
-    def start(self, sid: uuid.UUID, step: int) -> None:
+    def start(self, sid: uuid.UUID, step: int, text: str = "") -> None:
         with self._lock:
-            self._entries[sid] = _Entry(step)
+            self._entries[sid] = _Entry(step, [text] if text else [])
 
     def add(self, sid: uuid.UUID, step: int, text: str) -> None:
         with self._lock:
@@ -76,21 +81,25 @@ class RedisStore:
         self._client: Any = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._prefix = prefix
         self._warned = False
+        self._skip_until = 0.0
 
     def _key(self, sid: uuid.UUID) -> str:
         return f"{self._prefix}:partial:{sid.hex}"
 
     def _safely(self, what: str, fn: Any, *args: Any) -> Any:
+        if time.monotonic() < self._skip_until:
+            return None
         try:
             return fn(*args)
         except Exception as exc:  # redis.RedisError, OSError: never the turn's problem
+            self._skip_until = time.monotonic() + BACKOFF_SECONDS
             if not self._warned:
                 self._warned = True
                 logger.warning("partial reply store: %s failed (%s); reloads mid-stream start empty", what, exc)
             return None
 
-    def start(self, sid: uuid.UUID, step: int) -> None:
-        self._safely("start", self._client.set, self._key(sid), f"{step}\n", TTL_SECONDS)
+    def start(self, sid: uuid.UUID, step: int, text: str = "") -> None:
+        self._safely("start", self._client.set, self._key(sid), f"{step}\n{text}", TTL_SECONDS)
 
     def add(self, sid: uuid.UUID, step: int, text: str) -> None:
         self._safely("append", self._client.append, self._key(sid), text)
@@ -137,14 +146,19 @@ class Recorder:
         self.kept = 0
         self.appends = 0
         self.store = store()
-        self.store.start(session_id, step)
+        # The step's entry is written with its first text, not here: a reply
+        # of tool calls alone then costs no write (an entry without text reads
+        # as none, so_far), and the first text is one write, not two.
 
     def add(self, text: str) -> None:
         room = MAX_CHARS - self.kept
         if room <= 0 or not text:
             return  # bounded: the start of the reply is kept, the rest streams live
         piece = text[:room]
-        self.store.add(self.sid, self.step, piece)
+        if self.kept == 0:
+            self.store.start(self.sid, self.step, piece)
+        else:
+            self.store.add(self.sid, self.step, piece)
         self.kept += len(piece)
         self.appends += 1
         if isinstance(self.store, RedisStore) and self.appends % _TOUCH_EVERY == 0:

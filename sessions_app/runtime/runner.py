@@ -49,7 +49,8 @@ from sessions_app.errors import LeaseLost
 from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
 from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, ToolCall, for_model
-from sessions_app.log import hints, partial
+from sessions_app.log import hints
+from sessions_app.log.partial import Recorder as StreamedText
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import (
@@ -360,7 +361,7 @@ class TurnRunner:
         connection.close()  # no pooled connection is held across the model call
         started = time.monotonic()
         # The step's text so far, for a socket that connects mid-stream (log/partial.py).
-        kept = partial.Recorder(self.sid, step)
+        kept = StreamedText(self.sid, step)
 
         def on_delta(text: str) -> None:
             kept.add(text)  # kept before it is published: a reader's copy never lacks a delta it saw
@@ -651,10 +652,10 @@ class _Rerun:
 def _result(call: ToolCall, content: str, is_error: bool) -> Entry:
     # A ToolText (llm/types.py) is stored as plain text, its images beside it.
     text = storable.fit_result(str(content))
-    data = {"call_id": call.id, "name": call.name, "content": text, "is_error": is_error}
+    data: dict[str, Any] = {"call_id": call.id, "name": call.name, "content": text, "is_error": is_error}
     images = getattr(content, "attachments", None)
     if images:
-        data["content"], kept = storable.fit_attachments(data["content"], images)  # each kept whole or left out
+        data["content"], kept = storable.fit_attachments(text, images)  # each kept whole or left out
         if kept:
             data["attachments"] = kept
     return "tool/result", data

@@ -29,6 +29,7 @@ import hashlib
 import os
 import re
 import secrets
+import socket
 import threading
 import uuid
 from collections.abc import Iterable
@@ -101,7 +102,11 @@ def _install(exporter: Any, *, batch: bool) -> None:
             forced = _forced_ids.get()
             return forced[0] if forced else super().generate_trace_id()
 
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "terret"})
+    # The instance says which process a span came from (a turn's drives may be on several).
+    instance = f"{socket.gethostname()}:{os.getpid()}"
+    resource = Resource.create(
+        {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "terret", "service.instance.id": instance}
+    )
     provider = TracerProvider(resource=resource, id_generator=TurnIds())
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     if _state.provider is not None:
@@ -181,7 +186,7 @@ class _Span:
         self.span: Any = None
 
     def __enter__(self) -> _Span:
-        from opentelemetry.trace import SpanKind  # tracing is on: the API is loaded already
+        from opentelemetry.trace import SpanKind  # here: loaded only while tracing is on
 
         self._cm = _tracer().start_as_current_span(
             self._name, context=self._context, kind=SpanKind[self._kind], attributes=self._attributes
@@ -213,7 +218,7 @@ class _Span:
 
     def result(self, is_error: bool) -> None:
         if is_error:
-            from opentelemetry.trace import Status, StatusCode
+            from opentelemetry.trace import Status, StatusCode  # here: loaded only while tracing is on
 
             self.span.set_attribute("error.type", "tool_error")
             self.span.set_status(Status(StatusCode.ERROR, "the tool returned an error"))
@@ -228,7 +233,7 @@ class _TurnSpan(_Span):
         self._ids, self._first = ids, first
 
     def __enter__(self) -> _Span:
-        from opentelemetry import context, trace
+        from opentelemetry import context, trace  # here: loaded only while tracing is on
 
         if self._first:
             self._context = context.Context()  # a root: the ids come from _forced_ids

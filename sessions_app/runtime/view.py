@@ -50,7 +50,9 @@ class TurnState:
     def parse(cls, events: list[LoggedEvent]) -> TurnState:
         st = cls(events)
         for e in events:
-            if e.kind == "step/start":
+            if e.kind == "turn/start" and e.data.get("regenerate"):
+                st.has_input = True  # it answers the history it opens on: no new input is owed
+            elif e.kind == "step/start":
                 st.max_step = max(st.max_step, e.data["step"])
                 st.open_step, st.open_step_seq = e.data["step"], e.seq
             elif e.kind == "step/end":

@@ -34,6 +34,10 @@ parent's model-visible history as of a seq, `at_seq`. docs/events.md
   the same transaction as the child's seed, so every fork of it is ordered
   among its events; nothing else of it changes.
 
+On a message: `edit_and_resend` forks just before a user/message and sends
+the edited text; `regenerate` forks at the turn/start of a reply's turn and
+opens that turn again with the same input (a turn must open with input).
+
 Workspaces: historical is rebuilt from the log (the seed snapshot of a fork,
 then every workspace.write whose result is not an error, with the
 arguments that ran); current is a copy of the parent's directory now. Either
@@ -318,18 +322,32 @@ def copy_files(source: Path, dest: Path, *, skip_top: tuple[str, ...] = ()) -> i
     return copied
 
 
-def _ran_arguments(session_id: uuid.UUID, lo: int, hi: int, call_ids: set[str]) -> dict[str, str]:
-    """The arguments each call ran with: a reviewer's edit (on its
-    tool/attempt) over the model's own (its assistant/message)."""
+def _ran_arguments(session_id: uuid.UUID, lo: int, results: list[tuple[int, str]]) -> dict[str, str]:
+    """The arguments each call (its result's seq, its id) ran with: a
+    reviewer's edit (on its tool/attempt) over the model's own (the step's
+    assistant/message, the newest before its result)."""
     found: dict[str, str] = {}
-    replies = Event.objects.filter(session_id=session_id, kind="assistant/message", seq__gt=lo, seq__lte=hi)
-    for data in replies.order_by("seq").values_list("data", flat=True):
-        for call in data.get("tool_calls") or []:
-            if call["id"] in call_ids:
-                found[call["id"]] = call["arguments"]
-    attempts = Event.objects.filter(session_id=session_id, kind="tool/attempt", seq__gt=lo, seq__lte=hi)
+    replies: dict[int, dict[str, Any]] = {}
+    for seq, call_id in results:
+        row = (
+            Event.objects.filter(session_id=session_id, kind="assistant/message", seq__gt=lo, seq__lt=seq)
+            .order_by("-seq")
+            .values_list("seq", "data")
+            .first()
+        )
+        if row is None:
+            continue
+        replies.setdefault(row[0], row[1])
+        for call in replies[row[0]].get("tool_calls") or []:
+            if call["id"] == call_id:
+                found[call_id] = call["arguments"]
+    ids = [call_id for _, call_id in results]
+    hi = max(seq for seq, _ in results)
+    attempts = Event.objects.filter(
+        session_id=session_id, kind="tool/attempt", seq__gt=lo, seq__lt=hi, data__call_id__in=ids
+    )
     for data in attempts.order_by("seq").values_list("data", flat=True):
-        if data.get("call_id") in call_ids and "arguments" in data:
+        if "arguments" in data:
             found[data["call_id"]] = data["arguments"]
     return found
 
@@ -341,12 +359,14 @@ def workspace_writes(session_id: uuid.UUID, lo: int, hi: int) -> list[dict[str, 
         Event.objects.filter(session_id=session_id, kind="tool/result", seq__gt=lo, seq__lte=hi)
         .filter(data__name="workspace.write")
         .order_by("seq")
-        .values_list("data", flat=True)
+        .values_list("seq", "data")
     )
-    done = [r["call_id"] for r in results if not r.get("is_error")]
-    arguments = _ran_arguments(session_id, lo, hi, set(done))
+    done = [(seq, r["call_id"]) for seq, r in results if not r.get("is_error")]
+    if not done:
+        return []
+    arguments = _ran_arguments(session_id, lo, done)
     writes = []
-    for call_id in done:
+    for _, call_id in done:
         try:
             args = json.loads(arguments.get(call_id, ""))
         except ValueError:
@@ -479,54 +499,38 @@ def edit_and_resend(
     return child, inject(child.id, text, wake=True, by=str(user.get_username()))
 
 
-def turn_opening(session_id: uuid.UUID, reply_seq: int) -> tuple[int, Items]:
-    """The turn/start of the turn an assistant/message belongs to, and the
-    input its opening took in (user/message, context/injected), in order."""
-    turn_seq = (
-        Event.objects.filter(session_id=session_id, kind="turn/start", seq__lt=reply_seq)
+def regenerate(session_id: Any, reply_seq: int, *, user: Any, policy: str = "historical") -> Session:
+    """Ask the model again for the assistant/message at reply_seq: fork just
+    before the step that produced it and open a turn that takes in no input
+    (`turn/start {regenerate: true}`), so the model's request sees exactly
+    the messages it saw for that step, of the turn's first step or of a later
+    one after its tool results alike."""
+    parent = _parent_for(session_id, user)
+    _event(parent.id, reply_seq, "assistant/message")
+    step_seq = (
+        Event.objects.filter(session_id=parent.id, kind="step/start", seq__lt=reply_seq)
         .order_by("-seq")
         .values_list("seq", flat=True)
         .first()
     )
-    if turn_seq is None:
-        raise InvalidInput(f"seq {reply_seq} belongs to no turn")
-    rows = (
-        Event.objects.filter(session_id=session_id, seq__gt=turn_seq, seq__lt=reply_seq)
-        .order_by("seq")
-        .values_list("kind", "data")
-    )
-    opening: Items = []
-    for kind, data in rows:
-        if kind not in ("user/message", "context/injected"):
-            break  # the opening ends where its first step starts
-        opening.append((kind, {"text": data["text"]}))
-    return int(turn_seq), opening
-
-
-def regenerate(session_id: Any, reply_seq: int, *, user: Any, policy: str = "historical") -> Session:
-    """Ask the model again for the assistant/message at reply_seq: fork at
-    its turn's opening (before its input) and open the same turn again with
-    the same input, so the model's first request sees exactly the messages
-    it saw then. (A turn opens with input: the runner ends one without any
-    `empty`; a reply of a later step replays its turn from that input.)"""
-    parent = _parent_for(session_id, user)
-    _event(parent.id, reply_seq, "assistant/message")
-    turn_seq, opening = turn_opening(parent.id, reply_seq)
-    if not opening:
-        raise InvalidInput(f"the turn of seq {reply_seq} took in no input to answer again")
-    child = fork(parent.id, turn_seq, policy, user=user)
-    reopen(child.id, opening, by=str(user.get_username()))
+    if step_seq is None:
+        raise InvalidInput(f"seq {reply_seq} belongs to no step")
+    child = fork(parent.id, int(step_seq) - 1, policy, user=user)
+    wake_again(child.id, by=str(user.get_username()))
     return child
 
 
-def reopen(session_id: uuid.UUID, opening: Items, *, by: str) -> int:
-    """Open a turn on the idle fork with the given opening input and wake a
-    worker; the turn/start seq."""
+def wake_again(session_id: uuid.UUID, *, by: str) -> int:
+    """Open a turn on the idle fork that answers its history as it stands,
+    and wake a worker; the turn/start seq."""
     with log.locked(session_id) as tx:
         if tx.row["open_turn_seq"] is not None:
             raise TurnAlreadyRunning(f"session {session_id} is mid-turn")
-        start = tx.append("turn/start", {"by": by})
-        for kind, data in opening:
-            tx.append(kind, data)
+        data: dict[str, Any] = {"regenerate": True}
+        if by:
+            data["by"] = by
+        start = tx.append("turn/start", data)
         dispatch.wake(session_id)
     return start.seq
+
+

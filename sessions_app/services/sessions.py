@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import AgentBusy, InvalidInput
@@ -78,12 +77,14 @@ def archive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
     """Hide the session from the list and dispose of its agent. Refused while
     a turn is open (stop it first): a running agent cannot be disposed, and
     archiving should not leave work going on out of sight. Its schedules are
-    cancelled. The log is untouched: an archived session stays readable, and
-    unarchive_session brings it back."""
+    cancelled. A session/archived records it (the list reads `archived_at`,
+    its projection); the session stays readable, and unarchive_session
+    (session/unarchived) brings it back."""
     with log.locked(session_id) as tx:
         if tx.row.get("open_turn_seq") is not None:
             raise InvalidInput("a turn is running: stop it before archiving the session")
-        Session.objects.filter(id=tx.session_id, archived_at__isnull=True).update(archived_at=timezone.now())
+        if not Session.objects.filter(id=tx.session_id, archived_at__isnull=False).exists():
+            tx.append("session/archived", {"by": by} if by else {})
     agent = Agent.objects.filter(session_id=session_id).values_list("agent_id", flat=True).first()
     if agent is not None:
         try:
@@ -97,7 +98,8 @@ def archive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
 def unarchive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
     """Show the session in the list again; its agent respawns on the next input."""
     with log.locked(session_id) as tx:
-        Session.objects.filter(id=tx.session_id).update(archived_at=None)
+        if Session.objects.filter(id=tx.session_id, archived_at__isnull=False).exists():
+            tx.append("session/unarchived", {"by": by} if by else {})
     return Session.objects.get(id=session_id)
 
 

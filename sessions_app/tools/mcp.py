@@ -41,6 +41,7 @@ import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     CONNECTION_CLOSED,
@@ -214,8 +215,10 @@ def _http_key(name: str, raw: Mapping[str, Any]) -> HttpKey:
     stray = sorted(k for k in ("command", "args", "env") if k in raw)
     if stray:
         raise ValueError(f"MCP server {name!r}: {', '.join(stray)} apply to a stdio server only, not to a url")
+    if not isinstance(url, str):
+        raise ValueError(f"MCP server {name!r}: url must be an http:// or https:// URL")
     try:
-        parsed = httpx2.URL(url) if isinstance(url, str) else None
+        parsed: httpx2.URL | None = httpx2.URL(url)
     except Exception:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
@@ -597,7 +600,7 @@ def _gone(exc: MCPError, key: Key) -> bool:
     return isinstance(key, HttpKey) and (exc.code == INTERNAL_ERROR or exc.message == "Session terminated")
 
 
-def _progress_callback(report: ProgressFn) -> Callable[[float, float | None, str | None], Coroutine[Any, Any, None]]:
+def _progress_callback(report: ProgressFn) -> ProgressFnT:
     """The SDK's async progress callback (run on the manager's loop) around a
     sync reporter, throttled to one report per PROGRESS_INTERVAL (the final
     one, progress == total, always goes through)."""

@@ -67,8 +67,24 @@ def render_markdown(text: str) -> SafeString:
         return mark_safe("")
     if len(text) > MAX_MARKDOWN_CHARS:
         return mark_safe(f"<pre class='plain'>{nh3.clean_text(text)}</pre>")  # noqa: S308 - escaped by clean_text
+    html = _cached(text) if len(text) <= CACHED_CHARS else _render(text)
+    return mark_safe(html)  # noqa: S308 - sanitized by nh3 (_render)
+
+
+# Every page following a session renders each new message once per socket
+# (and a page view renders up to 200): the same text, the same HTML. A reply
+# of a few hundred characters takes about a millisecond, so recent ones are
+# kept, up to CACHED_CHARS each (at most a few MB in all).
+CACHED_CHARS = 8_000
+
+
+@functools.lru_cache(maxsize=512)
+def _cached(text: str) -> str:
+    return _render(text)
+
+
+def _render(text: str) -> str:
     clean = sanitize(_parser().render(text))
     # nh3 re-serializes, so a literal "<pre>" in the cleaned markup is an
     # element it let through, never text (text would read "&lt;pre&gt;").
-    with_buttons = _PRE.sub(COPY_BUTTON, clean).replace("</pre>", "</pre></div>")
-    return mark_safe(with_buttons)  # noqa: S308 - sanitized by nh3 above
+    return _PRE.sub(COPY_BUTTON, clean).replace("</pre>", "</pre></div>")

@@ -140,7 +140,7 @@ def _chat_context(
 
 
 def composer_context() -> dict[str, Any]:
-    return {"max_chars": MAX_INPUT_CHARS, "suggestions": SUGGESTIONS}
+    return {"max_chars": MAX_INPUT_CHARS, "max_chars_text": f"{MAX_INPUT_CHARS:,}", "suggestions": SUGGESTIONS}
 
 
 # ------------------------------------------------------------------ pages

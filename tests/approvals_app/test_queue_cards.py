@@ -209,3 +209,19 @@ async def test_the_count_socket_closes_when_the_permission_goes(count_setup: dic
     frame = json.loads(await comm.receive_from(10))
     assert frame["type"] == "error" and frame["code"] == "not_allowed"
     assert await comm.receive_output(10) == {"type": "websocket.close", "code": 4403}
+
+
+@pytest.mark.django_db
+def test_the_nav_survives_a_database_outage(reviewer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Error pages render the bar too: a failing count shows "?" instead of a 500."""
+    from django.db import DatabaseError
+    from django.template import Context, Template
+
+    from approvals_app.templatetags import approvals as tags
+
+    def down(user: Any) -> int:
+        raise DatabaseError("the database went away")
+
+    monkeypatch.setattr(tags, "pending_count", down)
+    html = Template("{% load approvals %}{% approvals_nav %}").render(Context({"user": reviewer}))
+    assert 'id="pending-count" data-count=""' in html and ">?</span>" in html

@@ -95,3 +95,32 @@ def test_cancel_with_a_parked_call_under_a_worker(
     assert [r["verdict"] for r in data(session, "approval/resolved")] == ["deny"]
     assert data(session, "tool/result")[0]["is_error"] is True
     assert not (tmp_path / session.id.hex / "x").exists()
+
+
+def test_edited_arguments_run_in_a_fresh_worker(
+    start_worker: Any, fake_llm: Any, make_user: Any, make_reviewer: Any, settings: Any, tmp_path: Path
+) -> None:
+    """The edit is in the verdict, in the log: a worker that parked the call
+    is SIGKILLed, the reviewer approves with edits while no worker is alive,
+    and a fresh worker process runs the reviewer's arguments (the file)."""
+    settings.TERRET_WORKSPACE_ROOT = tmp_path  # the workers inherit it
+    profile = AgentProfile.objects.create(
+        name="w", roles={"main": "test/model"}, builtin_tools=["workspace.write"], allow_floor=["workspace.*"]
+    )
+    fake_llm.script(
+        Reply(tool_calls=[("workspace.write", {"path": "out.txt", "content": "the model's"})]), Reply(text="ok")
+    )
+    session = services.create_session(make_user("owner"), profile)
+    first = start_worker(name="first")
+    services.run_turn(session.id, "write the file")
+    wait_until(lambda: pending(session.id), what="the call to park")
+    first.kill()
+    [call] = pending(session.id)
+    edited = {"path": "out.txt", "content": "the reviewer's"}
+    approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), edited_args=edited)
+    start_worker(name="second")
+    wait_until(lambda: data(session, "turn/end"), what="the fresh worker to finish the turn")
+    assert (tmp_path / session.id.hex / "out.txt").read_text() == "the reviewer's"
+    [attempt] = data(session, "tool/attempt")
+    assert attempt["edited"] is True and attempt["arguments"] == '{"path": "out.txt", "content": "the reviewer\'s"}'
+    assert "A reviewer edited the arguments" in fake_llm.requests[1]["messages"][-1]["content"]

@@ -172,6 +172,11 @@ def test_allow_for_session_from_the_chat_page(
     expect(reviewer.locator(".waived-tools")).to_have_count(0)
     send(user, "write three.txt: third")
     expect(user.locator("#status")).to_have_text("waiting for approval", timeout=30_000)
+    # The owner's editor (with its form) fits the width too.
+    user.goto(f"/sessions/{session.id}/policy/")
+    expect(user.get_by_role("button", name="Save policy")).to_be_visible()
+    assert fits(user), f"the owner's policy editor overflows at {width} px"
+    on_screen(user, user.get_by_label("Allowed tools, one pattern per line"))
     assert user.js_errors == [] and reviewer.js_errors == []
 
 

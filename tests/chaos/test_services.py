@@ -129,12 +129,6 @@ def test_postgres_down_20s_mid_turn(chaos: Chaos) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="psycopg_pool's reconnect backoff (1, 2, 4, 8, 16 s, uncapped) leaves a worker without a "
-    "connection for up to ~11 s after a 20 s outage, and the drive waits in getconn (pool timeout 30 s); "
-    "docs/chaos.md, Findings",
-)
 def test_postgres_down_20s_the_turn_resumes_within_seconds_of_its_return() -> None:
     stall = STALLS.get("pg_down_20s")
     assert stall is not None, "test_postgres_down_20s_mid_turn did not run"

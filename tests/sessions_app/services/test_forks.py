@@ -345,6 +345,28 @@ def test_parked_approval_is_not_copied(fake_llm: Any, owner: Any, manual_worker:
     assert files(parent.id) == {"x.txt": "parked"} and files(child.id) == {}
 
 
+def test_the_historical_workspace_has_what_reviewers_let_run(
+    fake_llm: Any, owner: Any, manual_worker: None, make_reviewer: Any
+) -> None:
+    """An approved write with the reviewer's edited arguments is rebuilt as
+    it ran; a denied one is not rebuilt at all."""
+    asking = AgentProfile.objects.create(
+        name="ask", roles={"main": "test/model"}, builtin_tools=["workspace.write"], allow_floor=["*"]
+    )
+    parent = services.create_session(owner, asking)
+    reviewer = make_reviewer("rev")
+    fake_llm.script(write("x.txt", "as the model wrote it"), write("y.txt", "denied"), Reply(text="done"))
+    services.run_turn(parent.id, "write x and y")
+    for verdict, edited in (("approve", {"path": "x.txt", "content": "as the reviewer edited it"}), ("deny", None)):
+        assert drive(parent.id) == "parked"
+        call_id = latest(parent, "approval/requested").data["call_id"]
+        approval_services.decide(parent.id, call_id, verdict, user=reviewer, edited_args=edited)
+    assert drive(parent.id) == "ended"
+    assert files(parent.id) == {"x.txt": "as the reviewer edited it"}
+    child = forks.fork(parent.id, head(parent), "historical", user=owner)
+    assert files(child.id) == {"x.txt": "as the reviewer edited it"}
+
+
 def test_external_effects_are_not_inherited(fake_llm: Any, session: Session, owner: Any, manual_worker: None) -> None:
     """debug.charge's record of its executions stays with the parent, under
     every policy, and no attempt is copied."""
@@ -391,7 +413,9 @@ def test_regenerate(history: History, owner: Any, fake_llm: Any) -> None:
         *derive_messages(parent.id, until_seq=reply.seq - 1),
         {"role": "assistant", "content": "still here, again"},
     ]
-    assert Event.objects.get(session=child, seq=1).data["at_seq"] == reply.seq - 3  # its turn/start
+    assert Event.objects.get(session=child, seq=1).data["at_seq"] == step.seq - 1  # just before its step
+    (start,) = Event.objects.filter(session=child, kind="turn/start").values_list("data", flat=True)
+    assert start["regenerate"] is True
     with pytest.raises(InvalidInput):
         forks.regenerate(parent.id, reply.seq - 1, user=owner)  # not an assistant/message
     assert derive_messages(parent.id)[-1] == {"role": "assistant", "content": "wrote c"}  # unaffected

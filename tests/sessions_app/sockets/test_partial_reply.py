@@ -54,6 +54,20 @@ def test_a_recorder_keeps_the_steps_text_bounded_and_drops_it_at_the_end(
     assert partial.so_far(sid) is None
 
 
+def test_redis_down_costs_one_timeout_not_one_per_delta() -> None:
+    """Nothing listens on this port: the first call fails, the rest are skipped."""
+    import uuid
+
+    down = partial.RedisStore("redis://127.0.0.1:1/0", "h4-down")
+    sid = uuid.uuid4()
+    started = time.monotonic()
+    down.start(sid, 1)
+    for _ in range(200):
+        down.add(sid, 1, "word ")
+    assert down.read(sid) is None
+    assert time.monotonic() - started < 2.5  # one connect timeout at most, not 200
+
+
 # ---------------------------------------------------------------- the sockets
 
 

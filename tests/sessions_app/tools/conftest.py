@@ -202,4 +202,9 @@ def git_server(tmp_path: Path) -> dict[str, Any]:
         "GIT_COMMITTER_NAME": "Terret",
         "GIT_COMMITTER_EMAIL": "terret@example.invalid",
     }
-    return {"name": "git", "command": sys.executable, "args": ["-m", "mcp_server_git", "--repository", str(repo)], "env": env}
+    return {
+        "name": "git",
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_git", "--repository", str(repo)],
+        "env": env,
+    }

@@ -5,6 +5,7 @@ Everything is counted where it happens: at the gate, in the repository."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from pathlib import Path
@@ -113,7 +114,10 @@ def test_a_restarted_http_server_is_reconnected(auth_proxy: AuthProxy, everythin
 @pytest.mark.parametrize(
     ("server", "problem"),
     [
-        ({"name": "r", "url": "http://h/mcp", "headers": {"Authorization": "Bearer abc"}}, "must come from the environment"),
+        (
+            {"name": "r", "url": "http://h/mcp", "headers": {"Authorization": "Bearer abc"}},
+            "must come from the environment",
+        ),
         ({"name": "r", "url": "http://h/mcp", "headers": {"X-Api-Key": "abc"}}, "must come from the environment"),
         ({"name": "r", "url": "http://h/mcp", "headers": {"X-Trace": "${BAD"}}, "malformed placeholder"),
         ({"name": "r", "url": "ftp://h/mcp"}, "http:// or https://"),
@@ -174,8 +178,8 @@ def test_git_server_commit_is_a_mutating_tool_that_changes_the_repository(
     assert tools["git_commit"].mutating and tools["git_commit"].approval == "policy"
     assert tools["git_commit"].replay_policy == "never"  # not idempotent: never re-run blindly
     (repo / "added.txt").write_text("more\n")
-    add = execute(tools["git_add"], ctx(tmp_path), '{"repo_path": "%s", "files": ["added.txt"]}' % repo)
+    add = execute(tools["git_add"], ctx(tmp_path), json.dumps({"repo_path": str(repo), "files": ["added.txt"]}))
     assert not add.is_error, add.content
-    commit = execute(tools["git_commit"], ctx(tmp_path), '{"repo_path": "%s", "message": "by terret"}' % repo)
+    commit = execute(tools["git_commit"], ctx(tmp_path), json.dumps({"repo_path": str(repo), "message": "by terret"}))
     assert not commit.is_error, commit.content
     assert commits(repo) == ["by terret", "first"]

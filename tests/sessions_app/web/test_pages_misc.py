@@ -167,3 +167,19 @@ def test_styled_403_and_404_without_a_traceback(chat: Session, make_reviewer: Ca
     assert all(rec.exc_info is None for rec in caplog.records), "a plain 403 logged a traceback"
     r = rita.get("/no/such/page/")
     assert r.status_code == 404 and "Nothing here" in r.content.decode()
+
+
+def test_a_card_shows_arguments_a_reviewer_edited(chat: Session) -> None:
+    sid = chat.id
+    log.append(sid, "turn/start", {})
+    call = {"id": "e1", "name": "workspace.write", "arguments": '{"path": "a.txt", "content": "model"}'}
+    log.append(sid, "assistant/message", {"content": None, "tool_calls": [call]})
+    log.append(sid, "approval/requested", {"call_id": "e1", "name": "workspace.write", "args": {"path": "a.txt"}})
+    edited = {"path": "a.txt", "content": "reviewer"}
+    log.append(sid, "approval/resolved", {"call_id": "e1", "verdict": "approve", "by": "rita", "edited_args": edited})
+    log.append(sid, "tool/result", {"call_id": "e1", "name": "workspace.write", "content": "wrote 8 bytes to a.txt"})
+    page = client_for(chat.owner).get(chat_url(chat)).content.decode()
+    card = found(r'<details class="tool-card" id="call-e1".*?</details>', page)
+    assert "approved by rita" in card and "Edited by the reviewer" in card
+    assert "&quot;content&quot;: &quot;reviewer&quot;" in card and "&quot;content&quot;: &quot;model&quot;" in card
+    assert "wrote 8 bytes" in card and "state-done" in card
