@@ -18,9 +18,13 @@ parked  --parked turns parked on an approval (one parked through a real
         and the time from approving one to its turn/end (target: <= 1 s).
 turns   --turns turns at once (1 s model latency, 2 steps each) across 2
         worker processes: wall / ideal and worker CPU per turn (from
-        /proc/<pid>/stat), for the code at TERRET_BENCH_BASELINE (a git
-        worktree of HEAD, default /tmp/h2base; skipped if missing) and for
-        this tree, alternating. Targets: wall/ideal <= 1.5, CPU <= 3 ms.
+        /proc/<pid>/stat; the consumer thread's share apart), commits and
+        Redis commands per turn, for the code at TERRET_BENCH_BASELINE (a
+        git worktree of HEAD, default /tmp/h2base; skipped if missing) and
+        for this tree, alternating. After a cold burst, each warm burst is
+        the next turn of the same sessions (a live agent's turn). --profile
+        samples the workers' CPU by stack. Targets: wall/ideal <= 1.5,
+        CPU <= 3 ms.
 pg      appends/s with 1, 8, 32 and 64 sessions in parallel (one writer
         process each, sessions_app.log.append), bytes per event in table
         and indexes, events per turn, and the capacity model they give.
@@ -212,20 +216,24 @@ def turns_child(opts: argparse.Namespace) -> None:
         for p in procs:
             t.wait_ready(p, workers=opts.workers)
         t.settle(procs)
+        sessions = t.make_sessions(opts.turns, "scale", ["debug.noop"])
         for r in range(opts.repeats + 1):
             if opts.profile and r == 1:  # the warm bursts only
                 for path in Path("/tmp").glob(f"terret-scale-profile-{TREE.name}-*.json"):
                     Path(f"{path}.reset").touch()
-            sessions = t.make_sessions(opts.turns, f"scale-{r}", ["debug.noop"])
+            # The same sessions every burst: after the cold one (a new session's
+            # first turn spawns its agent and titles it) each is the next turn
+            # of a live agent, as an always-on agent's turns are.
             ids = [s.id for s in sessions]
+            first = Event.objects.filter(session_id__in=ids).count()
             cpu0 = sum(t.cpu_seconds(p.pid) for p in procs)
             main0 = sum(_main_thread_cpu(p.pid) for p in procs)
             counts0 = _server_counts()
-            wall = t._burst(procs, fake, sessions, True)
+            wall = _burst(ids, r + 1)
             cpu = sum(t.cpu_seconds(p.pid) for p in procs) - cpu0
             main = sum(_main_thread_cpu(p.pid) for p in procs) - main0
             counts = {k: (v - counts0[k]) / len(ids) for k, v in _server_counts().items()}
-            events = Event.objects.filter(session_id__in=ids).count() / len(ids)
+            events = (Event.objects.filter(session_id__in=ids).count() - first) / len(ids)
             result(
                 cold=r == 0, wall=wall, ideal=2 * opts.latency, cpu_ms=cpu * 1000 / len(ids), events=events,
                 n=len(ids), main_ms=main * 1000 / len(ids), **counts,
@@ -235,6 +243,28 @@ def turns_child(opts: argparse.Namespace) -> None:
         for p in procs:
             t.kill(p)
         fake.terminate()
+
+
+def _burst(ids: list[Any], turns_each: int) -> float:
+    """Admit one turn per session (no wake-up), then send every wake-up in
+    one pipelined batch and start the clock, as bench/turns.py (b) does on
+    the worker host; wall time to the last turn/end's commit."""
+    from django.test import override_settings
+
+    from bench import turns as t
+    from sessions_app import services
+    from sessions_app.tasks import drive_session
+    from terret_site.celery import app
+
+    with override_settings(TERRET_WORKER="manual"):
+        for i in ids:
+            services.inject(i, "go", wake=True)
+    t0 = time.time()
+    with app.producer_or_acquire() as producer, producer.batch():
+        for i in ids:
+            drive_session.apply_async((str(i),), producer=producer)
+    t.wait_turn_ends(ids, count=turns_each, poll=0.25)
+    return t.last_turn_end(ids) - t0
 
 
 def _main_thread_cpu(pid: int) -> float:
@@ -289,6 +319,10 @@ def run_turns(opts: argparse.Namespace) -> bool:
             if opts.profile:
                 args.append("--profile")
             rows = child(args, env, f"/tmp/terret-scale-turns-{rnd}.log", cwd=tree)
+            if opts.profile:  # where the warm bursts' worker CPU went, by stack (inclusive)
+                for path in sorted(Path("/tmp").glob(f"terret-scale-profile-{tree.name}-*.json")):
+                    print(f"  profile of {path.name}:")
+                    print_profile(str(path), top=25)
             warm = [r for r in rows if not r["cold"]]
             got[label] += warm
             print(
@@ -314,6 +348,7 @@ def run_turns(opts: argparse.Namespace) -> bool:
         print(f"turns ({label}): wall/ideal median {ratio:.2f}; worker CPU per two-step turn median {cpu:.2f} ms; "
               f"{events:.0f} events per turn")  # fmt: skip
         if label == "this tree":
+            MEASURED["commits"] = median([r["commits"] for r in rows])
             ok &= ratio <= TARGET_WALL and cpu <= TARGET_CPU_MS
             print(f"turns: wall/ideal {ratio:.2f} (target <= {TARGET_WALL}: {verdict(ratio <= TARGET_WALL)}); "
                   f"CPU {cpu:.2f} ms (target <= {TARGET_CPU_MS}: {verdict(cpu <= TARGET_CPU_MS)})")  # fmt: skip
@@ -755,6 +790,11 @@ def wait_event(sid: uuid.UUID, test: Any, timeout: float = 30) -> float:
 # pg: what one PostgreSQL takes
 
 
+# Commits per warm two-step turn, all clients of the database (admission
+# included), as the turns section measured it on 2026-12-01 (7.0-7.1 at 500
+# turns); a run that includes the turns section uses its own figure.
+COMMITS_PER_TURN = 7.0
+MEASURED: dict[str, float] = {}
 PAYLOAD = {"call_id": "call_bench", "name": "debug.noop", "content": "ok", "is_error": False}
 
 
@@ -893,9 +933,16 @@ def run_pg(opts: argparse.Namespace) -> bool:
     print(f"pg: {dn} events of two-step turns (bench/long_session.py's, 10 per turn): table "
           f"{(t1 - t0) / dn:.0f} B/event, indexes {(i1 - i0) / dn:.0f} B/event")  # fmt: skip
     best = max(sum(v) / len(v) for v in rates.values())
-    print(f"pg: capacity model inputs: {best:.0f} appends/s at best; 12 events per two-step tool turn (turns section)")
+    # A turn's events ride in fewer commits (the outbox batches them); the
+    # commits are what the server pays for. Measured by the turns section.
+    per_turn = MEASURED.get("commits", COMMITS_PER_TURN)
+    print(
+        f"pg: capacity model inputs: {best:.0f} commits/s at best (one event each); {per_turn:.1f} commits "
+        f"per two-step turn of a live agent (10 events; turns section"
+        f"{'' if 'commits' in MEASURED else ', an earlier run'})"
+    )
     for per_hour in (1, 6, 60):
-        agents = best * 3600 / (12 * per_hour)
+        agents = best * 3600 / (per_turn * per_hour)
         print(f"pg:   at {per_hour:>2} turns per agent per hour -> {agents:,.0f} agents at 100% of that rate "
               f"({agents / 2:,.0f} at 50% headroom)")  # fmt: skip
     return True

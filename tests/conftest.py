@@ -59,10 +59,11 @@ def no_learned_windows() -> Any:
     (runtime/windows.py keeps it for a minute) must not shrink the next
     test's requests: its ModelWindow row is gone with the test's database."""
     yield
-    from sessions_app.runtime import limits, windows
+    from sessions_app.runtime import counters, limits, windows
 
     windows.forget()
     limits.forget_suspensions()  # the same for this process's copy of the operators' suspensions
+    counters.forget()  # and for counts a sweep round could not flush
 
 
 @pytest.fixture

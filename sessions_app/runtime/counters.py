@@ -46,3 +46,10 @@ def flush() -> None:
             for name, n in items:
                 _pending[name] += n
         raise
+
+
+def forget() -> None:
+    """Drop this process's unflushed counts (tests: a count one test left
+    unflushed, its database gone, must not land in the next test's)."""
+    with _lock:
+        _pending.clear()

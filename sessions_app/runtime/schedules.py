@@ -304,6 +304,7 @@ def _save(s: Schedule, now: datetime) -> None:
 
 _clock: threading.Thread | None = None
 _clock_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def start_clock(active: Callable[[], bool] = lambda: True) -> None:
@@ -313,16 +314,28 @@ def start_clock(active: Callable[[], bool] = lambda: True) -> None:
     with _clock_lock:
         if _clock is not None and _clock.is_alive():
             return
+        _stopping.clear()
         _clock = threading.Thread(target=_run_clock, args=(active,), name="terret-clock", daemon=True)
         _clock.start()
 
 
+def stop_clock() -> None:
+    """Stop the clock thread and wait for it (tests; a process exits without it)."""
+    global _clock
+    with _clock_lock:
+        thread, _clock = _clock, None
+    _stopping.set()
+    if thread is not None:
+        thread.join(timeout=10)
+
+
 def _run_clock(active: Callable[[], bool]) -> None:
-    while True:
+    while not _stopping.is_set():
         if active() and not lifecycle.draining.is_set():
             try:
                 tick()
             except Exception:
                 logger.exception("schedule clock tick failed")
-                connection.close()  # a broken connection is replaced on the next tick
-        time.sleep(settings.TERRET_SCHEDULE_POLL_SECONDS)
+            finally:
+                connection.close()  # each tick on a fresh connection: none is held between ticks
+        _stopping.wait(settings.TERRET_SCHEDULE_POLL_SECONDS)

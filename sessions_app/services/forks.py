@@ -532,5 +532,3 @@ def wake_again(session_id: uuid.UUID, *, by: str) -> int:
         start = tx.append("turn/start", data)
         dispatch.wake(session_id)
     return start.seq
-
-

@@ -223,7 +223,8 @@ def _http_key(name: str, raw: Mapping[str, Any]) -> HttpKey:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(f"MCP server {name!r}: url must be an http:// or https:// URL")
-    if parsed.userinfo:
+    if parsed.userinfo or any(_SECRET_HEADERS.search(k) for k in parsed.params):
+        # The url is stored, shown in the admin and may appear in error messages: no credentials in it.
         raise ValueError(f"MCP server {name!r}: put credentials in headers from the environment, not in the url")
     if not isinstance(headers, dict):
         raise ValueError(f"MCP server {name!r}: headers must map header names to strings")

@@ -22,7 +22,7 @@ from sessions_app import log, services
 from sessions_app.errors import IdempotencyConflict, InvalidInput, ScheduleLimit
 from sessions_app.models import AgentProfile, Event, Schedule, Session
 from sessions_app.runtime.drive import drive
-from sessions_app.runtime.schedules import start_clock, tick
+from sessions_app.runtime.schedules import start_clock, stop_clock, tick
 from sessions_app.services import inputs, operators, schedules
 from sessions_app.services.budgets import set_budget
 from tests.fakes.fake_llm import Reply
@@ -285,9 +285,12 @@ def test_the_embedded_clock_fires_in_process(fake_llm: Any, session: Session, se
     settings.TERRET_SCHEDULE_POLL_SECONDS = 0.05
     fake_llm.script(Reply(text="on time"))
     start_clock(lambda: settings.TERRET_WORKER == "inprocess")
-    make(session, due_at=at(0.3))
-    wait_for(lambda: events(session, "turn/end"), timeout=20, what="the scheduled turn")
-    assert len(fired(session)) == 1 and len(fake_llm.requests) == 1
+    try:
+        make(session, due_at=at(0.3))
+        wait_for(lambda: events(session, "turn/end"), timeout=20, what="the scheduled turn")
+        assert len(fired(session)) == 1 and len(fake_llm.requests) == 1
+    finally:
+        stop_clock()
 
 
 # ---------------------------------------------------------------- real workers

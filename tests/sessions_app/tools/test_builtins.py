@@ -59,6 +59,9 @@ def test_builtins_catalogue_and_flags():
         "debug.noop",
         "debug.sleep",
         "debug.charge",
+        "schedule.create",
+        "schedule.list",
+        "schedule.cancel",
     }
     for name, defn in BUILTINS.items():
         assert defn.name == name
@@ -68,6 +71,15 @@ def test_builtins_catalogue_and_flags():
     assert write.replay_policy == "reconcile" and write.reconcile is not None
     charge = BUILTINS["debug.charge"]
     assert (charge.mutating, charge.idempotent, charge.replay_policy) == (True, False, "never")
+    # The agent's own wake-ups: making or cancelling one asks (approval policy),
+    # and a re-run finds what its first attempt made (keyed on the call).
+    for name in ("schedule.create", "schedule.cancel"):
+        assert (BUILTINS[name].mutating, BUILTINS[name].approval, BUILTINS[name].replay_policy) == (
+            True,
+            "policy",
+            "safe",
+        )
+    assert BUILTINS["schedule.list"].mutating is False
     for name in ("clock.now", "workspace.read", "workspace.list", "debug.noop", "debug.sleep"):
         assert BUILTINS[name].mutating is False
         assert BUILTINS[name].approval == "never"

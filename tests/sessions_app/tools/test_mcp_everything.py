@@ -122,6 +122,7 @@ def test_a_restarted_http_server_is_reconnected(auth_proxy: AuthProxy, everythin
         ({"name": "r", "url": "http://h/mcp", "headers": {"X-Trace": "${BAD"}}, "malformed placeholder"),
         ({"name": "r", "url": "ftp://h/mcp"}, "http:// or https://"),
         ({"name": "r", "url": "http://user:pw@h/mcp"}, "not in the url"),
+        ({"name": "r", "url": "http://h/mcp?api_key=abc"}, "not in the url"),
         ({"name": "r", "url": "http://h/mcp", "command": "x"}, "not both"),
         ({"name": "r", "url": "http://h/mcp", "env": {"A": "b"}}, "stdio server only"),
         ({"name": "r", "command": "x", "headers": {"A": "b"}}, "url server only"),
