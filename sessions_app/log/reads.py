@@ -167,14 +167,19 @@ def event_at(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
     return LoggedEvent(*row) if row else None
 
 
-def turn_start_before(session_id: uuid.UUID | str, seq: int) -> int | None:
-    """The seq of the turn/start that opened the turn holding the event at `seq`."""
+def latest_seq_of(session_id: uuid.UUID | str, kind: str, *, at_or_before: int) -> int | None:
+    """The seq of the newest event of `kind` at or before `at_or_before`."""
     return (
-        Event.objects.filter(session_id=session_id, kind="turn/start", seq__lte=seq)
+        Event.objects.filter(session_id=session_id, kind=kind, seq__lte=at_or_before)
         .order_by("-seq")
         .values_list("seq", flat=True)
         .first()
     )
+
+
+def turn_start_before(session_id: uuid.UUID | str, seq: int) -> int | None:
+    """The seq of the turn/start that opened the turn holding the event at `seq`."""
+    return latest_seq_of(session_id, "turn/start", at_or_before=seq)
 
 
 def answered_by(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:

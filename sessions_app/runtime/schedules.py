@@ -33,7 +33,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta

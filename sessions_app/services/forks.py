@@ -71,6 +71,7 @@ from sessions_app.errors import (
 )
 from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
 from sessions_app.log.projection import latest_compaction
+from sessions_app.log.reads import latest_seq_of
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_view
 from sessions_app.runtime import dispatch
@@ -507,12 +508,7 @@ def regenerate(session_id: Any, reply_seq: int, *, user: Any, policy: str = "his
     one after its tool results alike."""
     parent = _parent_for(session_id, user)
     _event(parent.id, reply_seq, "assistant/message")
-    step_seq = (
-        Event.objects.filter(session_id=parent.id, kind="step/start", seq__lt=reply_seq)
-        .order_by("-seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
+    step_seq = latest_seq_of(parent.id, "step/start", at_or_before=reply_seq - 1)
     if step_seq is None:
         raise InvalidInput(f"seq {reply_seq} belongs to no step")
     child = fork(parent.id, int(step_seq) - 1, policy, user=user)

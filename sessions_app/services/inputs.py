@@ -136,13 +136,18 @@ def admission_stop(session_id: uuid.UUID | str, *, wake: bool) -> limits.Stop | 
     return limits.check(row.id, row.profile, opening=True, budgeted=budgeted)
 
 
-def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.Stop) -> Receipt:
-    data: dict[str, Any] = {"text": text, "wake": True}
+def _queue(tx: log.SessionTx, text: str, wake: bool, by: str, key: str | None) -> log.AppendedEvent:
+    """A steer-lane input/queued."""
+    data: dict[str, Any] = {"text": text, "wake": wake}
     if by:
         data["by"] = by
     if key:
         data["idempotency_key"] = key
-    queued = tx.append("input/queued", data)
+    return tx.append("input/queued", data)
+
+
+def _hold(tx: log.SessionTx, text: str, by: str, key: str | None, over: limits.Stop) -> Receipt:
+    queued = _queue(tx, text, True, by, key)
     if tx.row["held_seq"] is None:
         tx.append("input/held", {"source_seq": queued.seq, "reason": over.as_json(), "text": over.message})
     return Receipt("held", queued.seq, None, key, held_reason=over.message)
@@ -252,12 +257,7 @@ def _admit(
         _cancel_in(tx, "")
     if lane in ("follow_up", "passive") or strategy is not None:
         return _defer(tx, text, lane or "follow_up", by, key)
-    data: dict[str, Any] = {"text": text, "wake": wake}
-    if by:
-        data["by"] = by
-    if key:
-        data["idempotency_key"] = key
-    event = tx.append("input/queued", data)
+    event = _queue(tx, text, wake, by, key)
     return Receipt("queued", event.seq, tx.row["open_turn_seq"], key, lane="steer" if lane else None)
 
 

@@ -23,6 +23,7 @@ import httpx
 from tests.chaos import invariants
 from tests.chaos.invariants import Ev, Probe, RoundReport
 from tests.fakes.fake_llm import Reply
+from tests.helpers import wait_for
 from tests.stack import AppProcess, Stack
 
 PROFILE = "chaos"
@@ -281,14 +282,12 @@ class Chaos:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, stack: Stack | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    logs = f"\n{stack.logs()}" if stack is not None else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}{logs}")
+    """tests.helpers.wait_for, with the stack's process logs on a timeout."""
+    try:
+        return wait_for(predicate, timeout=timeout, what=f"{what} (after {timeout}s)")
+    except AssertionError as exc:
+        logs = f"\n{stack.logs()}" if stack is not None else ""
+        raise AssertionError(f"{exc}{logs}") from None
 
 
 def timeline(events: list[Ev], origin: float) -> str:
