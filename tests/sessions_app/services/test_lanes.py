@@ -275,4 +275,3 @@ def test_a_steer_left_after_its_turn_ended_is_offered_again(fake_llm: Any, sessi
     assert turns(session)[1] == [("user/message", "one more thing")]
     row = Session.objects.get(id=session.id)
     assert row.last_input_seq <= row.inbox_seq, "nothing waits any more"
-
