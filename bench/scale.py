@@ -20,7 +20,7 @@ turns   --turns turns at once (1 s model latency, 2 steps each) across 2
         worker processes: wall / ideal and worker CPU per turn (from
         /proc/<pid>/stat; the consumer thread's share apart), commits and
         Redis commands per turn, for the code at TERRET_BENCH_BASELINE (a
-        git worktree of HEAD, default /tmp/h2base; skipped if missing) and
+        git worktree of HEAD, default /tmp/terret-bench-baseline; skipped if missing) and
         for this tree, alternating. After a cold burst, each warm burst is
         the next turn of the same sessions (a live agent's turn). --profile
         samples the workers' CPU by stack. Targets: wall/ideal <= 1.5,
@@ -66,7 +66,7 @@ os.environ.setdefault("SECRET_KEY", "bench-only")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "terret_site.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 PREFIX = os.environ.get("TERRET_BENCH_DB_PREFIX", "terret_bench_scale")
-BASELINE = Path(os.environ.get("TERRET_BENCH_BASELINE", "/tmp/h2base"))
+BASELINE = Path(os.environ.get("TERRET_BENCH_BASELINE", "/tmp/terret-bench-baseline"))
 TARGET_IDLE = 1.2
 TARGET_RESUME = 1.0
 TARGET_WALL = 1.5
@@ -119,7 +119,7 @@ def result(**values: Any) -> None:
 def _frame_key(frame: Any) -> str:
     code = frame.f_code
     path = code.co_filename
-    for marker in ("site-packages/", "/work/main/", "/tmp/h2base/", "lib/python3.12/"):
+    for marker in ("site-packages/", "/work/main/", "/tmp/terret-bench-baseline/", "lib/python3.12/"):
         if marker in path:
             path = path.split(marker, 1)[1]
             break
