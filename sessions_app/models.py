@@ -169,14 +169,6 @@ class Session(models.Model):
             models.Index(
                 fields=["queued_follow_ups"], condition=models.Q(queued_follow_ups__gt=0), name="session_owed"
             ),
-            # Sessions with steer-lane input not yet taken in (the same owed()).
-            # Only input and its placement change these columns, so every
-            # other append stays HOT.
-            models.Index(
-                fields=["last_input_seq"],
-                condition=models.Q(last_input_seq__gt=models.F("inbox_seq")),
-                name="session_inbox_waiting",
-            ),
             # Open turns, apart: the sweep reads only those not parked on an
             # approval, the approvals badge only those that are, so neither
             # scans the idle sessions (docs/scaling.md). Only turn/start,

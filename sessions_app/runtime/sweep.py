@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import BooleanField, F, Q
+from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -108,16 +108,13 @@ def held() -> list[str]:
 
 
 def owed() -> list[str]:
-    """Idle sessions with input nobody took in: a follow-up owed a turn, or
-    a steer that arrived as the last turn ended (a worker died between one
-    turn's end and the next one's opening), once their lease, if any, has
-    run out. Their drive opens the turn, or finds nothing woken and stops.
-    Both tests are partial indexes (session_owed, session_inbox_waiting)."""
+    """Idle sessions owed a turn by a follow-up that nobody opened (a worker
+    died between one turn's end and the next one's opening), once their
+    lease, if any, has run out."""
     now = timezone.now()
-    waiting = Q(queued_follow_ups__gt=0) | Q(last_input_seq__gt=F("inbox_seq"))
     found = Session.objects.filter(
-        waiting,
         open_turn_seq__isnull=True,
+        queued_follow_ups__gt=0,
         held_seq__isnull=True,
         suspended_seq__isnull=True,
         revoked_seq__isnull=True,

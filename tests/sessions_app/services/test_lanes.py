@@ -260,18 +260,3 @@ def test_input_a_budget_holds_reads_held_and_can_be_withdrawn(session: Session) 
     row = Session.objects.get(id=session.id)
     assert row.held_seq is None and row.last_input_seq <= row.inbox_seq, "nothing left held or pending"
     assert inputs.receipt(session.id, r.seq).disposition == "withdrawn"
-
-
-def test_a_steer_left_after_its_turn_ended_is_offered_again(fake_llm: Any, session: Session) -> None:
-    """A woken steer that no step took in before its turn closed (here: the
-    turn was stopped with no worker holding it) is owed a turn: the sweep
-    finds the idle session and its drive opens a turn for it."""
-    busy(session)
-    inputs.inject(session.id, "one more thing")
-    assert inputs.cancel(session.id, by="owner") is True
-    assert str(session.id) in sweep.owed()
-    fake_llm.script(Reply(text="ok"))
-    assert drive(session.id) == "ended"
-    assert turns(session)[1] == [("user/message", "one more thing")]
-    row = Session.objects.get(id=session.id)
-    assert row.last_input_seq <= row.inbox_seq, "nothing waits any more"
