@@ -18,12 +18,9 @@ from sessions_app.models import Event, Session
 from sessions_app.permissions import can_approve, can_drive
 
 
-def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> AppendedEvent:
-    """Replace the session's allow-list with `patterns` (owner or staff).
-
-    Raises InvalidPattern naming every bad pattern, NotAllowed or
-    UnknownSession; nothing is appended then.
-    """
+def _session_of(session_id: uuid.UUID | str, user: Any) -> tuple[uuid.UUID, Session]:
+    """The session a signed-in user asks to change the policy of; the
+    caller decides whether that user may."""
     try:
         sid = uuid.UUID(str(session_id))
     except ValueError:
@@ -33,6 +30,16 @@ def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> A
     session = Session.objects.filter(id=sid).only("id", "owner_id").first()
     if session is None:
         raise UnknownSession(f"no session {sid}")
+    return sid, session
+
+
+def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> AppendedEvent:
+    """Replace the session's allow-list with `patterns` (owner or staff).
+
+    Raises InvalidPattern naming every bad pattern, NotAllowed or
+    UnknownSession; nothing is appended then.
+    """
+    sid, session = _session_of(session_id, user)
     if not can_drive(user, session):
         raise NotAllowed("only the session's owner or staff may change its policy")
     clean = validate_patterns(patterns)
@@ -58,15 +65,7 @@ def ask_again(session_id: uuid.UUID | str, tool: Any, *, user: Any) -> AppendedE
     """Undo a reviewer's "allow for this session": `tool` asks for approval
     again from the next call (owner, staff, or a reviewer of the session).
     InvalidInput when the tool is not waived; nothing is appended then."""
-    try:
-        sid = uuid.UUID(str(session_id))
-    except ValueError:
-        raise InvalidInput("session id must be a UUID") from None
-    if not (user and user.is_authenticated):
-        raise NotAllowed("sign in to change a session's policy")
-    session = Session.objects.filter(id=sid).only("id", "owner_id").first()
-    if session is None:
-        raise UnknownSession(f"no session {sid}")
+    sid, session = _session_of(session_id, user)
     if not (can_drive(user, session) or can_approve(user, session)):
         raise NotAllowed("only the session's owner, staff or a reviewer may make a tool ask again")
     with log.locked(sid) as tx:

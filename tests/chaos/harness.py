@@ -23,6 +23,7 @@ import httpx
 from tests.chaos import invariants
 from tests.chaos.invariants import Ev, Probe, RoundReport
 from tests.fakes.fake_llm import Reply
+from tests.fakes.planned import Plan, PlannedModel, last_role
 from tests.helpers import wait_for
 from tests.stack import AppProcess, Stack
 
@@ -73,44 +74,13 @@ def charges(stack: Stack, sid: str) -> int:
 
 # -- the fake model's side -------------------------------------------------------------------
 
-Plan = Callable[[int, dict[str, Any]], Reply]
 
-
-def last_role(body: dict[str, Any]) -> str | None:
-    messages = body.get("messages") or []
-    return messages[-1].get("role") if messages else None
-
-
-class Model:
-    """The fake model's responder: a plan per input text (the request's first
-    user message of the turn is what names it), called with how many requests
-    that input had before. Every request's time is kept per input, so a step
-    run twice shows at the model server."""
+class Model(PlannedModel):
+    """The drills' responder (tests/fakes/planned.py): an unplanned step after
+    a tool result answers "done"."""
 
     def __init__(self) -> None:
-        self.plans: dict[str, Plan] = {}
-        self.seen: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        users = [m.get("content") for m in body.get("messages") or [] if m.get("role") == "user"]
-        text = str(users[-1]) if users else ""
-        with self._lock:
-            times = self.seen.setdefault(text, [])
-            n = len(times)
-            times.append(time.time())
-        plan = self.plans.get(text)
-        if plan is not None:
-            return plan(n, body)
-        return Reply(text="done" if last_role(body) == "tool" else "ok")
-
-    def requests(self, text: str) -> list[float]:
-        with self._lock:
-            return list(self.seen.get(text, []))
-
-    def total(self) -> int:
-        with self._lock:
-            return sum(len(t) for t in self.seen.values())
+        super().__init__(after_tool="done")
 
 
 def first_then(first: Reply, then: Reply) -> Plan:

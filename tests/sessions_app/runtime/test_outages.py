@@ -39,6 +39,7 @@ import pytest
 
 from tests import stack as stack_module
 from tests.fakes.fake_llm import FakeLLM, Reply
+from tests.fakes.planned import Plan, PlannedModel
 from tests.helpers import wait_for
 from tests.stack import Outage, Stack
 
@@ -64,32 +65,7 @@ def report(line: str) -> None:
     REPORT.append(line)
 
 
-Plan = Callable[[int, dict[str, Any]], Reply]
-
-
-class Model:
-    """The fake model's responder: a plan per input (the turn's last user
-    message), called with how many requests that input had before; and the
-    time of every request, per input."""
-
-    def __init__(self) -> None:
-        self.plans: dict[str, Plan] = {}
-        self.seen: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        users = [m.get("content") for m in body.get("messages") or [] if m.get("role") == "user"]
-        text = str(users[-1]) if users else ""
-        with self._lock:
-            times = self.seen.setdefault(text, [])
-            n = len(times)
-            times.append(time.time())
-        plan = self.plans.get(text)
-        return plan(n, body) if plan is not None else Reply(text="ok")
-
-    def requests(self, text: str) -> list[float]:
-        with self._lock:
-            return list(self.seen.get(text, []))
+Model = PlannedModel
 
 
 @pytest.fixture(scope="module")
