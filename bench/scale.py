@@ -227,16 +227,18 @@ def turns_child(opts: argparse.Namespace) -> None:
             ids = [s.id for s in sessions]
             first = Event.objects.filter(session_id__in=ids).count()
             cpu0 = sum(t.cpu_seconds(p.pid) for p in procs)
+            sys0 = sum(_system_cpu(p.pid) for p in procs)
             main0 = sum(_main_thread_cpu(p.pid) for p in procs)
             counts0 = _server_counts()
             wall = _burst(ids, r + 1)
             cpu = sum(t.cpu_seconds(p.pid) for p in procs) - cpu0
+            system = sum(_system_cpu(p.pid) for p in procs) - sys0
             main = sum(_main_thread_cpu(p.pid) for p in procs) - main0
             counts = {k: (v - counts0[k]) / len(ids) for k, v in _server_counts().items()}
             events = (Event.objects.filter(session_id__in=ids).count() - first) / len(ids)
             result(
                 cold=r == 0, wall=wall, ideal=2 * opts.latency, cpu_ms=cpu * 1000 / len(ids), events=events,
-                n=len(ids), main_ms=main * 1000 / len(ids), **counts,
+                n=len(ids), main_ms=main * 1000 / len(ids), sys_ms=system * 1000 / len(ids), **counts,
             )  # fmt: skip
             t.settle(procs)
     finally:
@@ -272,6 +274,13 @@ def _main_thread_cpu(pid: int) -> float:
     reads, late acks), apart from the pool threads that run the turns."""
     fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _system_cpu(pid: int) -> float:
+    """System CPU seconds of a worker process: its syscalls (sockets, futexes
+    of the threads that wait for the GIL), apart from its Python work."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def _server_counts() -> dict[str, float]:
@@ -328,7 +337,8 @@ def run_turns(opts: argparse.Namespace) -> bool:
             print(
                 f"  round {rnd + 1}, {label}: wall/ideal {fmt([r['wall'] / r['ideal'] for r in warm])}, "
                 f"worker CPU per turn {fmt([r['cpu_ms'] for r in warm], ' ms')}"
-                f" (of which Celery's consumer thread {fmt([r['main_ms'] for r in warm], ' ms')}); per turn: "
+                f" (of which Celery's consumer thread {fmt([r['main_ms'] for r in warm], ' ms')}, "
+                f"in the kernel {fmt([r.get('sys_ms', 0.0) for r in warm], ' ms')}); per turn: "
                 f"{median([r['commits'] for r in warm]):.1f} PostgreSQL commits (all clients of the database), "
                 f"{median([r['redis_cmds'] for r in warm]):.1f} Redis commands and "
                 f"{median([r['redis_conns'] for r in warm]):.2f} new Redis connections (whole server); "

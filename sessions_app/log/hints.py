@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -57,6 +58,7 @@ class _Publisher:
         self._server_loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[uuid.UUID, int] = {}
         self._messages: list[tuple[str, dict[str, Any]]] = []
+        self._writes: dict[str, _Write] = {}
         self._scheduled_on: asyncio.AbstractEventLoop | None = None
         self._redis: redis.Redis | None = None
         self._pipe: Any = None  # reused: building a redis-py pipeline copies its callback table
@@ -108,12 +110,13 @@ class _Publisher:
                 self._armed = False
                 pending, self._pending = self._pending, {}
                 messages, self._messages = self._messages, []
+                writes, self._writes = self._writes, {}
             layer = get_channel_layer()
             if isinstance(layer, RedisPubSubChannelLayer):
                 try:
-                    self._publish_pipelined(layer, self._batch(pending, messages))
+                    self._publish_pipelined(layer, self._batch(pending, messages), writes)
                 except Exception:  # hints are lossy by design; readers catch up by seq
-                    log.warning("%d hints were not sent", len(pending) + len(messages), exc_info=True)
+                    log.warning("%d hints were not sent", len(pending) + len(messages) + len(writes), exc_info=True)
                     self._pipe = None
 
     def _schedule_any(self) -> bool:
@@ -133,6 +136,22 @@ class _Publisher:
                 self._pending[session_id] = seq
             if not self._schedule_any():
                 self._pending.pop(session_id, None)
+
+    def write(self, key: str, op: str, text: str = "", ttl: int = 0) -> bool:
+        """Queue a best-effort write of a Redis key (log/partial.py's text so
+        far) for the next flush, where it goes out ahead of that flush's
+        messages, in the same pipelined round trip. A window's writes to one
+        key are merged (SET then APPENDs: one SET; anything then DEL: one
+        DEL), so a step whose whole reply streams within a window costs one
+        command, and the turn's thread waits on Redis for none of them.
+        `op`: "set" (with `ttl`), "append", "expire" (`ttl`) or "delete".
+        False (nothing queued) unless hints go through Redis pub/sub."""
+        with self._lock:
+            if not isinstance(get_channel_layer(), RedisPubSubChannelLayer):
+                return False
+            _merge(self._writes, key, op, text, ttl)
+            self._arm()
+        return True
 
     def message(self, group: str, message: dict[str, Any]) -> None:
         with self._lock:
@@ -176,12 +195,19 @@ class _Publisher:
             batch.append((DASHBOARD_GROUP, {"type": "log.hint", "sessions": [str(s) for s in pending]}))
         return batch
 
-    def _publish_pipelined(self, layer: RedisPubSubChannelLayer, batch: list[tuple[str, dict[str, Any]]]) -> None:
-        """The whole flush as one pipelined round trip of PUBLISHes, on the
-        channel names and serialization the pub/sub layer's subscribers use
-        (`<prefix>__group__<group>`); much cheaper than one asyncio
-        group_send per message on a worker running hundreds of turns."""
-        if not batch:
+    def _publish_pipelined(
+        self,
+        layer: RedisPubSubChannelLayer,
+        batch: list[tuple[str, dict[str, Any]]],
+        writes: dict[str, _Write] | None = None,
+    ) -> None:
+        """The whole flush as one pipelined round trip: the queued writes,
+        then the PUBLISHes, on the channel names and serialization the
+        pub/sub layer's subscribers use (`<prefix>__group__<group>`); much
+        cheaper than one asyncio group_send per message on a worker running
+        hundreds of turns. Writes go first: a step's text so far then never
+        lacks a delta a reader was sent (log/partial.py)."""
+        if not batch and not writes:
             return
         if self._pipe is None:
             if self._redis is None:
@@ -189,9 +215,43 @@ class _Publisher:
             self._pipe = self._redis.pipeline(transaction=False)
         prefix = settings.CHANNEL_PREFIX
         pipe = self._pipe
+        for key, write in (writes or {}).items():
+            write.send(pipe, key)
         for group, message in batch:
             pipe.publish(f"{prefix}__group__{group}", layer.serialize(message))
         pipe.execute()
+
+
+@dataclass
+class _Write:
+    """A window's writes to one key, merged: what the key must become."""
+
+    op: str  # "set", "append", "expire" or "delete"
+    text: str = ""
+    ttl: int = 0  # set: the key's expiry; append or expire: refresh it (0: no)
+
+    def send(self, pipe: Any, key: str) -> None:
+        if self.op == "delete":
+            pipe.delete(key)
+        elif self.op == "set":
+            pipe.set(key, self.text, ex=self.ttl or None)
+        elif self.op == "append":
+            pipe.append(key, self.text)
+        if self.op in ("append", "expire") and self.ttl:
+            pipe.expire(key, self.ttl)
+
+
+def _merge(writes: dict[str, _Write], key: str, op: str, text: str, ttl: int) -> None:
+    """Fold one more write of `key` into the window's writes."""
+    found = writes.get(key)
+    if op in ("set", "delete") or found is None:
+        writes[key] = _Write(op, text, ttl)  # a SET or DEL replaces whatever the key was
+    elif op == "append" and found.op in ("set", "append"):
+        found.text += text
+    elif op == "expire" and found.op != "delete":
+        found.ttl = found.ttl or ttl
+    # An append or expire after a DEL in the same window is dropped: a step's
+    # text starts with a SET, never with an APPEND.
 
 
 publisher = _Publisher()

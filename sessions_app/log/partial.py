@@ -29,6 +29,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from sessions_app.log import hints
+
 logger = logging.getLogger(__name__)
 
 MAX_CHARS = 200_000
@@ -75,13 +77,21 @@ class MemoryStore:
 
 
 class RedisStore:
-    """One key per session: "<step>\\n<text so far>", grown with APPEND."""
+    """One key per session: "<step>\\n<text so far>", grown with APPEND.
 
-    def __init__(self, url: str, prefix: str) -> None:
+    With `via_hints` (the store of this configuration: the same Redis as the
+    hints), writes are not sent from the streaming thread: they ride the
+    hints publisher's next pipelined flush, ahead of the deltas they hold
+    (hints.publisher.write). A two-step turn then spends no round trip on
+    this store; it is a convenience, and the thread that streams the model's
+    reply was paying one round trip or more per step for it."""
+
+    def __init__(self, url: str, prefix: str, *, via_hints: bool = False) -> None:
         self._client: Any = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._prefix = prefix
         self._warned = False
         self._skip_until = 0.0
+        self._via_hints = via_hints
 
     def _key(self, sid: uuid.UUID) -> str:
         return f"{self._prefix}:partial:{sid.hex}"
@@ -98,17 +108,24 @@ class RedisStore:
                 logger.warning("partial reply store: %s failed (%s); reloads mid-stream start empty", what, exc)
             return None
 
+    def _queued(self, sid: uuid.UUID, op: str, text: str = "", ttl: int = 0) -> bool:
+        return self._via_hints and hints.publisher.write(self._key(sid), op, text, ttl)
+
     def start(self, sid: uuid.UUID, step: int, text: str = "") -> None:
-        self._safely("start", self._client.set, self._key(sid), f"{step}\n{text}", TTL_SECONDS)
+        if not self._queued(sid, "set", f"{step}\n{text}", TTL_SECONDS):
+            self._safely("start", self._client.set, self._key(sid), f"{step}\n{text}", TTL_SECONDS)
 
     def add(self, sid: uuid.UUID, step: int, text: str) -> None:
-        self._safely("append", self._client.append, self._key(sid), text)
+        if not self._queued(sid, "append", text):
+            self._safely("append", self._client.append, self._key(sid), text)
 
     def touch(self, sid: uuid.UUID) -> None:
-        self._safely("expire", self._client.expire, self._key(sid), TTL_SECONDS)
+        if not self._queued(sid, "expire", ttl=TTL_SECONDS):
+            self._safely("expire", self._client.expire, self._key(sid), TTL_SECONDS)
 
     def clear(self, sid: uuid.UUID, step: int) -> None:
-        self._safely("delete", self._client.delete, self._key(sid))
+        if not self._queued(sid, "delete"):
+            self._safely("delete", self._client.delete, self._key(sid))
 
     def read(self, sid: uuid.UUID) -> tuple[int, str] | None:
         raw = self._safely("read", self._client.get, self._key(sid))
@@ -132,7 +149,7 @@ def store() -> MemoryStore | RedisStore:
     with _lock:
         found = _stores.get(key)
         if found is None:
-            found = RedisStore(url, settings.CHANNEL_PREFIX) if url else MemoryStore()
+            found = RedisStore(url, settings.CHANNEL_PREFIX, via_hints=True) if url else MemoryStore()
             _stores[key] = found
         return found
 
@@ -165,7 +182,13 @@ class Recorder:
             self.store.touch(self.sid)
 
     def close(self) -> None:
-        self.store.clear(self.sid, self.step)
+        # A call that kept no text wrote no entry, so it has none to drop: a
+        # reply of tool calls alone costs no Redis command at all. (An entry a
+        # crashed worker left for this session is overwritten by the next
+        # text and expires after TTL_SECONDS; a reader shows it only for its
+        # own step, which the log supersedes.)
+        if self.kept:
+            self.store.clear(self.sid, self.step)
 
 
 def so_far(session_id: uuid.UUID) -> tuple[int, str] | None:

@@ -44,6 +44,7 @@ class LoggedEvent:
 # leaves it: an open turn, its parked approvals, the inbox cursor against
 # the last queued input, and whether the open turn is blocked (it then waits
 # for a stimulus, not a worker). (The session's *head* is its last seq.)
+# A releasing append also reports `slots_wanted` (runs.SLOTS_WANTED).
 WORKLOAD_COLUMNS = (
     "open_turn_seq",
     "pending_approvals",
@@ -68,6 +69,9 @@ class Workload:
     queued_follow_ups: int = 0
     deferred_seq: int = 0
     deferred_cursor: int = 0
+    # Whether any session waits for an agent slot, as the releasing append
+    # saw it (runs.SLOTS_WANTED); True where the statement did not look.
+    slots_wanted: bool = True
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Workload:
@@ -81,6 +85,7 @@ class Workload:
             int(row["queued_follow_ups"]),
             int(row["deferred_seq"]),
             int(row["deferred_cursor"]),
+            bool(row.get("slots_wanted", True)),
         )
 
     @property

@@ -31,6 +31,18 @@ EVENT_TABLE = "sessions_app_event"
 # The holder's liveness key goes with the lease (log/leases.py).
 RELEASE_SET = "lease_owner = '', lease_expires_at = %s, lease_process = NULL"
 
+# A releasing append (a turn's last commit) also says whether any session
+# waits for an agent slot, so the after-turn hook skips registry.offer_slots()
+# and its own has_waiting() query when none does (services/post_turn.py):
+# almost always. Uncorrelated: one InitPlan per statement, which on
+# PostgreSQL reads the session_waiting partial index (EXPLAIN of the
+# releasing append: "InitPlan 4 -> Index Only Scan using session_waiting on
+# sessions_app_session"; a near-empty table is scanned instead). It sees the
+# statement's snapshot: a session that starts waiting meanwhile may be
+# missed, as it could be by the separate query before; the next turn's end
+# or the sweep's offer_slots hands it a slot.
+SLOTS_WANTED = f"EXISTS (SELECT 1 FROM {SESSION_TABLE} WHERE waiting_seq IS NOT NULL) AS slots_wanted"
+
 # Conditions on the session row that a guarded append may demand, decided
 # by the append's own row lock. A guard is a key, or (key, value).
 GUARDS: dict[str, str] = {

@@ -88,6 +88,9 @@ class TurnFacts:
     first_user_text: str | None = None
     last_prompt_tokens: int | None = None
     overrides: dict[str, str] = field(default_factory=dict)
+    # Whether any session waited for an agent slot as the turn's releasing
+    # commit saw it (log.Workload.slots_wanted); None: not known.
+    slots_wanted: bool | None = None
 
     @property
     def over_budget(self) -> bool | None:

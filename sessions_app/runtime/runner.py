@@ -123,12 +123,14 @@ class TurnRunner:
         return self.outbox.flush(self.redo_inline, release=release)
 
     def facts(self) -> hooks.TurnFacts:
+        released = self.outbox.released
         return hooks.TurnFacts(
             profile=self.profile,
             titled=self.lease.driving.titled,
             first_user_text=self.view.first_user_text,
             last_prompt_tokens=self.view.last_prompt_tokens,
             overrides=self.lease.driving.overrides,
+            slots_wanted=released.slots_wanted if released is not None else None,
         )
 
     def end(self, status: str, error: str = "", reason: dict[str, Any] | None = None) -> Outcome:

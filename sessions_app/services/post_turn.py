@@ -7,8 +7,11 @@ sessions_app/apps.py), right after releasing the session's lease; not in
 manual mode, where tests call post_turn() themselves. That costs no second
 task and no listener. The runner hands over what it already knows
 (TurnFacts: the profile, whether the session had a title when the lease was
-claimed, the first user text, the last step's prompt tokens), so a titled
-session under its budget costs no query at all. Without facts, post_turn()
+claimed, the first user text, the last step's prompt tokens, and whether
+any session waits for an agent slot, which the turn's releasing commit read
+in the same statement: log/runs.py SLOTS_WANTED), so a titled session under
+its budget, with nobody waiting, costs no query at all: offer_slots() and its
+has_waiting() query run only when the facts do not say False. Without facts, post_turn()
 reads everything from the log. Either way it is safe to run twice, so a
 worker dying before it runs costs at most a late title (the next turn/end
 titles the session) or a compaction that the next overweight turn retries.
@@ -31,8 +34,9 @@ def post_turn(session_id: uuid.UUID | str, facts: TurnFacts | None = None) -> No
     """Hand the slot on, title the session if it has none, compact it if the
     last step was over budget. Each part's failure is isolated from the others."""
     try:
-        for waiting in registry.offer_slots():
-            dispatch.wake(waiting)
+        if facts is None or facts.slots_wanted is not False:
+            for waiting in registry.offer_slots():
+                dispatch.wake(waiting)
     except Exception:
         logger.exception("handing agent slots on after %s failed", session_id)
     if facts is None and not Session.objects.filter(id=session_id).exists():

@@ -22,9 +22,10 @@ from django.db import connection
 from psycopg.rows import dict_row
 
 from sessions_app.log.records import WORKLOAD_COLUMNS
-from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, Run
+from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run
 from sessions_app.log.sql import Sql
 
+TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 ONE_STATEMENT = True
 claim_extras = True
 
@@ -48,7 +49,11 @@ def _run(sql: str, params: list[Any], *, prepare: bool) -> list[dict[str, Any]]:
     started = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection, row_factory=dict_row) as cur:  # type: ignore[arg-type]
         cur.execute(sql, params, prepare=prepare)  # type: ignore[arg-type]
-        rows = cur.fetchall() if cur.description is not None else []
+        # Not `cur.description is not None`: that builds every Column, and
+        # fetchall() (dict_row) builds them again. TUPLES_OK: the statement
+        # returned rows (possibly none); anything else returns [].
+        result = cur.pgresult
+        rows = cur.fetchall() if result is not None and result.status == TUPLES_OK else []
     if connection.queries_logged:
         # Counted like Django's own queries (DEBUG, CaptureQueriesContext).
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
@@ -77,6 +82,6 @@ def append_run(run: Run) -> list[dict[str, Any]]:
     q.join(", ", (Sql("(%s::int, %s::text, %s::text)", i, e.kind, e.payload) for i, e in enumerate(run.items, 1)))
     q.add(") AS v(i, kind, data) RETURNING seq) SELECT ins.seq")
     if run.release:
-        q.add("".join(f", s.{c}" for c in WORKLOAD_COLUMNS))
+        q.add("".join(f", s.{c}" for c in WORKLOAD_COLUMNS)).add(f", {SLOTS_WANTED}")
     q.add(" FROM ins, s ORDER BY ins.seq")
     return fetch(q.text, q.params)

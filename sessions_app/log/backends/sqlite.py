@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connection
 
 from sessions_app.log.records import WORKLOAD_COLUMNS
-from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, Run
+from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run
 from sessions_app.log.sql import Sql
 
 ONE_STATEMENT = False
@@ -44,7 +44,7 @@ def append_run(run: Run) -> list[dict[str, Any]]:
     q = Sql(f"UPDATE {SESSION_TABLE} SET ").extend(run.set_sql())
     q.add(" WHERE ").extend(run.where_sql(run.session_id)).add(" RETURNING last_seq, profile_id")
     if run.release:
-        q.add("".join(f", {c}" for c in WORKLOAD_COLUMNS))
+        q.add("".join(f", {c}" for c in WORKLOAD_COLUMNS)).add(f", {SLOTS_WANTED}")
     updated = fetch(q.text, q.params)
     if not updated:
         return []
@@ -64,5 +64,5 @@ def append_run(run: Run) -> list[dict[str, Any]]:
             f"WITH s(last_seq, profile_id, day) AS (SELECT %s, %s, %s) {sql}",
             [row["last_seq"], row["profile_id"], run.now.date().isoformat(), *params],
         )
-    workload = {c: row[c] for c in WORKLOAD_COLUMNS} if run.release else {}
+    workload = {c: row[c] for c in (*WORKLOAD_COLUMNS, "slots_wanted")} if run.release else {}
     return [{"seq": first + i, **workload} for i in range(len(run.items))]

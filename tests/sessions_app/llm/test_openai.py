@@ -9,7 +9,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpcore
 import httpx
 import pytest
 
@@ -417,13 +419,15 @@ def test_sequential_calls_reuse_one_connection(llm: FakeLLM, adapter: OpenAIAdap
     assert llm.connections_opened == 1
 
 
-def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
-    from sessions_app.llm.openai import shared_client, tls_context
+def test_each_thread_keeps_its_own_pool_with_one_tls_context() -> None:
+    from sessions_app.llm.openai import shared_pool, tls_context
 
-    mine = shared_client()
-    assert shared_client() is mine  # kept for the thread's next call
-    theirs: list[httpx.Client] = []
-    t = threading.Thread(target=lambda: theirs.append(shared_client()))
+    url = httpcore.URL("http://127.0.0.1:9/v1/chat/completions")
+    mine = shared_pool(url)
+    assert shared_pool(url) is mine  # kept for the thread's next call
+    assert shared_pool(httpcore.URL("http://127.0.0.2:9/v1")) is not mine  # one per origin
+    theirs: list[httpcore.ConnectionPool] = []
+    t = threading.Thread(target=lambda: theirs.append(shared_pool(url)))
     t.start()
     t.join()
     assert theirs[0] is not mine
@@ -442,3 +446,92 @@ def test_each_thread_keeps_its_own_client_with_one_tls_context() -> None:
 )
 def test_iter_lines_splits_as_sse_does(chunks: list[bytes]) -> None:
     assert list(iter_lines(chunks)) == b"".join(chunks).decode().splitlines()
+
+
+# -- the proxy from the environment (as httpx's trust_env read it) ----------
+
+
+class _AnsweringProxy:
+    """A forward proxy that answers every request itself with a one-chunk SSE
+    reply, and records each request line it was sent."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.lines: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                raw = b""
+                while b"\r\n\r\n" not in raw:
+                    raw += conn.recv(65536)
+                head, _, rest = raw.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                self.lines.append(head.split(b"\r\n", 1)[0].decode())
+                chunk = {"choices": [{"index": 0, "delta": {"content": "via proxy"}, "finish_reason": "stop"}]}
+                body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _in_new_thread(fn: Any) -> Any:
+    """Run `fn` in a thread of its own: pools are per thread and origin, and
+    the proxy is read when a thread's pool for an origin is made."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    return out[0]
+
+
+def test_model_calls_go_through_the_environments_proxy(llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = _AnsweringProxy()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        adapter = OpenAIAdapter(base_url=llm.base_url, api_key="k", timeout=5.0, retries=0)
+        reply = _in_new_thread(lambda: adapter.complete("m", [{"role": "user", "content": "hi"}], []))
+    finally:
+        proxy.close()
+    assert reply.content == "via proxy"
+    # Absolute-form request line: the proxy was asked for the provider's URL.
+    assert proxy.lines == [f"POST {llm.base_url.rstrip('/')}/chat/completions HTTP/1.1"]
+    assert llm.requests == []  # nothing reached the provider directly
+
+
+def test_no_proxy_sends_the_call_directly(llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = _AnsweringProxy()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        llm.script(Reply(text="direct"))
+        adapter = OpenAIAdapter(base_url=llm.base_url, api_key="k", timeout=5.0, retries=0)
+        reply = _in_new_thread(lambda: adapter.complete("m", [{"role": "user", "content": "hi"}], []))
+    finally:
+        proxy.close()
+    assert reply.content == "direct"
+    assert proxy.lines == []
+    assert len(llm.requests) == 1
+
+
+def test_a_base_url_that_is_not_http_is_a_configuration_error() -> None:
+    adapter = OpenAIAdapter(base_url="ftp://example.invalid/v1", api_key="k", retries=0)
+    with pytest.raises(ModelNotConfigured, match="http"):
+        adapter.complete("m", [{"role": "user", "content": "hi"}], [])

@@ -160,7 +160,9 @@ def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session:
         assert [e.kind for e in events] == [k for k, _ in batch]
         assert head is not None
         row = Session.objects.filter(id=session.id).values(*HEAD_COLUMNS, "lease_owner", "lease_expires_at").get()
-        assert dict(zip(HEAD_COLUMNS, astuple(head), strict=True)) == {c: row[c] for c in HEAD_COLUMNS}
+        *columns, slots_wanted = astuple(head)  # the columns in order, then what the statement also read
+        assert dict(zip(HEAD_COLUMNS, columns, strict=True)) == {c: row[c] for c in HEAD_COLUMNS}
+        assert slots_wanted is False  # nobody waits for an agent slot
         assert row["open_turn_seq"] is None
         assert row["lease_owner"] == "" and row["lease_expires_at"] is None
         assert lease.released(held, head).open_turn_seq is None
@@ -173,6 +175,37 @@ def test_a_releasing_append_writes_and_gives_the_lease_up_in_one_commit(session:
     row = Session.objects.filter(id=session.id).values("last_seq", "lease_owner").get()
     assert row == {"last_seq": last, "lease_owner": taken.owner}
     lease.release(taken)
+
+
+def test_a_releasing_append_says_whether_any_session_waits_for_an_agent_slot(
+    session: Session, profile: AgentProfile, make_user: Any
+) -> None:
+    """The turn's last commit reads it in the same statement
+    (Workload.slots_wanted), so the after-turn hook need not ask; on both
+    backends, and on both of PostgreSQL's paths (one statement, or runs in a
+    transaction). A plain release does not look: True, offer_slots checks."""
+    other = Session.objects.create(owner=make_user(), profile=profile)
+
+    def released(batch: list[tuple[str, dict[str, Any]]]) -> bool:
+        services.run_turn(session.id, "go")
+        held = claimed(session.id)
+        ending = [*batch, ("turn/end", {"status": "completed"})]
+        events = log.append_many(session.id, ending, fence=held.fence, release=True)
+        assert events.workload is not None and events.workload.open_turn_seq is None
+        return events.workload.slots_wanted
+
+    one_statement: list[tuple[str, dict[str, Any]]] = []
+    two_runs = [("session/titled", {"title": "a"}), ("session/titled", {"title": "b"})]
+    assert released(one_statement) is False and released(two_runs) is False
+    log.append(other.id, "agent/waiting", {"reason": "the registry is full", "live": 1})
+    assert Session.objects.get(id=other.id).waiting_seq is not None
+    assert released(one_statement) is True and released(two_runs) is True
+    log.append(other.id, "agent/spawned", {"agent_id": "x", "profile": profile.name, "live": 1})
+    assert Session.objects.get(id=other.id).waiting_seq is None
+    assert released(one_statement) is False
+    held = claimed(session.id)
+    plain = lease.release(held)
+    assert plain is not None and plain.slots_wanted is True
 
 
 def test_a_turn_ends_with_its_lease_released_by_the_last_commit(session: Session, fake_llm: Any) -> None:

@@ -87,6 +87,87 @@ def test_when_every_live_agent_is_busy_input_waits_durably_and_runs_when_a_slot_
     assert Agent.objects.count() == 1
 
 
+class AfterTurn:
+    """What the after-turn hooks saw: the facts they got, every has_waiting()
+    query and the wake-ups post_turn sent."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.facts: list[Any] = []
+        self.has_waiting: list[bool] = []
+        self.woken: list[str] = []
+
+    def on(self) -> None:
+        """From now on drive() runs the hooks as a worker does. Call it after
+        the test's own input: its wake-ups would start the in-process pool."""
+        self.settings.TERRET_WORKER = "inprocess"
+
+
+@pytest.fixture
+def after_turn(monkeypatch: Any, settings: Any) -> AfterTurn:
+    from types import SimpleNamespace
+
+    from sessions_app.runtime import hooks
+    from sessions_app.services import post_turn
+
+    seen = AfterTurn(settings)
+    real_run, real_has_waiting = hooks.run_after_turn, registry.has_waiting
+
+    def run_after_turn(session_id: Any, facts: Any) -> None:
+        seen.facts.append(facts)
+        real_run(session_id, facts)
+
+    def has_waiting() -> bool:
+        seen.has_waiting.append(True)
+        return real_has_waiting()
+
+    monkeypatch.setattr(hooks, "run_after_turn", run_after_turn)
+    monkeypatch.setattr(registry, "has_waiting", has_waiting)
+    monkeypatch.setattr(post_turn, "dispatch", SimpleNamespace(wake=lambda sid: seen.woken.append(str(sid))))
+    return seen
+
+
+def test_a_turns_end_with_nobody_waiting_asks_no_query_for_waiting_sessions(
+    fake_llm: Any, fresh: Any, after_turn: AfterTurn
+) -> None:
+    """The turn's releasing commit said nobody waits for a slot
+    (Workload.slots_wanted): post_turn does not ask has_waiting() again."""
+    session = fresh()
+    fake_llm.responder = lambda body: Reply(text="hi")
+    services.inject(session.id, "hello", wake=True)
+    after_turn.on()
+    assert drive(session.id) == "ended"
+    (facts,) = after_turn.facts
+    assert facts.slots_wanted is False
+    assert after_turn.has_waiting == [] and after_turn.woken == []
+
+
+def test_a_turns_end_hands_its_freed_slot_to_a_session_waiting_for_one(
+    fake_llm: Any, fresh: Any, settings: Any, after_turn: AfterTurn
+) -> None:
+    """At the cap, a session waits while the only agent is mid-turn; that
+    turn's releasing commit sees it waiting, and its end hands the slot on."""
+    settings.TERRET_MAX_AGENTS = 1
+    busy, waiting = fresh(), fresh()
+    registry.spawn(busy, busy.profile)  # type: ignore[arg-type]
+    services.run_turn(busy.id, "go")  # open, not yet driven: not evictable
+    services.inject(waiting.id, "my turn?", wake=True)
+    after_turn.on()
+    assert drive(waiting.id) == "waiting"
+    assert after_turn.facts == []  # no turn ended
+    fake_llm.responder = lambda body: Reply(text="done")
+    assert drive(busy.id) == "ended"
+    (facts,) = after_turn.facts
+    assert facts.slots_wanted is True
+    assert len(after_turn.has_waiting) == 1  # offer_slots checked, as before
+    assert after_turn.woken == [str(waiting.id)]
+    assert events(busy, "agent/disposed") == [{"agent_id": f"t-{busy.id.hex[:12]}", "reason": "evicted"}]
+    assert Agent.objects.filter(session=waiting).exists() and Agent.objects.count() == 1
+    assert drive(waiting.id) == "ended"
+    assert events(waiting, "turn/end") == [{"status": "completed"}]
+    assert after_turn.facts[-1].slots_wanted is False  # nobody waits any more
+
+
 def test_idle_agents_are_disposed_after_the_idle_period_and_respawned(fake_llm: Any, fresh: Any, settings: Any) -> None:
     session = fresh()
     fake_llm.responder = lambda body: Reply(text="ok")

@@ -168,6 +168,12 @@ def test_post_turn_with_the_runners_facts(fake_llm: Any, make_user: Any, django_
     with django_assert_num_queries(1):
         post_turn(session.id, TurnFacts(profile, titled=True, first_user_text="x", last_prompt_tokens=10))
     assert titles(session) == []
+    # The turn's releasing commit said nobody waits: not even that look.
+    with django_assert_num_queries(0):
+        post_turn(session.id, TurnFacts(profile, titled=True, last_prompt_tokens=10, slots_wanted=False))
+    # It said someone waits: offer_slots looks (and finds none now), as without the fact.
+    with django_assert_num_queries(1):
+        post_turn(session.id, TurnFacts(profile, titled=True, last_prompt_tokens=10, slots_wanted=True))
     # Untitled: the fallback title comes from the facts' first user text.
     facts = TurnFacts(profile, titled=False, first_user_text="what the runner saw", last_prompt_tokens=10)
     post_turn(session.id, facts)

@@ -49,8 +49,78 @@ def test_a_recorder_keeps_the_steps_text_bounded_and_drops_it_at_the_end(
     assert partial.so_far(sid) is None  # nothing streamed yet
     for piece in ("Hello", ", wor", "ld and more"):
         kept.add(piece)
-    assert partial.so_far(sid) == (3, "Hello, world")  # the start, at most MAX_CHARS
+    # With Redis the writes ride the hints publisher's next flush (a few ms).
+    assert _eventually(lambda: partial.so_far(sid) == (3, "Hello, world"))  # the start, at most MAX_CHARS
     kept.close()
+    assert _eventually(lambda: partial.so_far(sid) is None)
+
+
+def _eventually(check: Any, seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_windows_writes_to_one_key_are_merged_into_one_command() -> None:
+    """What log/hints.py sends for partial.py's writes within one flush."""
+    from sessions_app.log.hints import _merge, _Write
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.sent: list[tuple[Any, ...]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **kw: self.sent.append((name, *a, *kw.values()))
+
+    def sent(*ops: tuple[str, str, int]) -> list[tuple[Any, ...]]:
+        writes: dict[str, _Write] = {}
+        for op, text, ttl in ops:
+            _merge(writes, "k", op, text, ttl)
+        pipe = Pipe()
+        for key, write in writes.items():
+            write.send(pipe, key)
+        return pipe.sent
+
+    # A step's first text and two more deltas: one SET of all of it.
+    assert sent(("set", "2\nHel", 900), ("append", "lo", 0), ("append", "!", 0)) == [("set", "k", "2\nHello!", 900)]
+    # A reply that streamed and ended within the window: one DEL, no SET.
+    assert sent(("set", "2\nHi", 900), ("delete", "", 0)) == [("delete", "k")]
+    # The next step's text after the last one's DEL: the SET replaces it.
+    assert sent(("delete", "", 0), ("set", "3\nNew", 900)) == [("set", "k", "3\nNew", 900)]
+    # Appends to an entry written in an earlier window, with a TTL refresh.
+    assert sent(("append", "a", 0), ("expire", "", 900), ("append", "b", 0)) == [
+        ("append", "k", "ab"),
+        ("expire", "k", 900),
+    ]
+
+
+@pytest.mark.parametrize("redis", [False, True])
+def test_a_call_that_streamed_no_text_writes_and_deletes_nothing(redis: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply of tool calls alone (the first step of a tool-calling turn):
+    no entry was written, so closing its recorder sends no DEL either."""
+    import uuid
+
+    if redis and not settings.REDIS_URL:
+        pytest.skip("needs REDIS_URL")
+    if not redis:
+        monkeypatch.setattr(settings, "REDIS_URL", None)
+    kind = partial.RedisStore if redis else partial.MemoryStore
+    calls: list[str] = []
+    for name in ("start", "add", "clear"):
+        original = getattr(kind, name)
+        monkeypatch.setattr(kind, name, lambda self, *a, _f=original, _n=name: (calls.append(_n), _f(self, *a))[1])
+    sid = uuid.uuid4()
+    kept = partial.Recorder(sid, 1)
+    kept.add("")  # an empty delta (a role-only chunk) keeps nothing
+    kept.close()
+    assert calls == []
+    streamed = partial.Recorder(sid, 2)
+    streamed.add("text")
+    streamed.close()
+    assert calls == ["start", "clear"]
     assert partial.so_far(sid) is None
 
 
