@@ -719,12 +719,7 @@ class OpenAIAdapter:
         if tools:
             body["tools"] = [_wire_tool(t) for t in tools]
         known = {to_wire(t.name): t.name for t in tools}
-        try:
-            url = httpcore.URL(f"{base}/chat/completions")
-        except (TypeError, ValueError) as err:
-            raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL is not a URL ({err})") from err
-        if url.scheme not in (b"http", b"https") or not url.host:
-            raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL must be an http(s) URL, not {base!r}")
+        url = _endpoint(spec, base)
         # As httpx encodes a json= body: compact, UTF-8, no NaN.
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         return _Request(spec, url, body, headers, known, secrets=(key,) if key else (), content=content)
@@ -806,6 +801,19 @@ class OpenAIAdapter:
             base = float(getattr(settings, "TERRET_LLM_BACKOFF_BASE", BACKOFF_BASE_SECONDS))
         # Full jitter keeps a burst of 200 throttled streams from retrying in lockstep.
         return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_SECONDS, base * 2**attempt)
+
+
+@functools.lru_cache(maxsize=64)
+def _endpoint(spec: str, base: str) -> httpcore.URL:
+    """The chat completions URL of a base URL, parsed once (parsing it per
+    call was a visible share of building a request)."""
+    try:
+        url = httpcore.URL(f"{base}/chat/completions")
+    except (TypeError, ValueError) as err:
+        raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL is not a URL ({err})") from err
+    if url.scheme not in (b"http", b"https") or not url.host:
+        raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL must be an http(s) URL, not {base!r}")
+    return url
 
 
 def _drain(lines: Iterator[str]) -> None:
