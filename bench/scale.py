@@ -1,7 +1,7 @@
 """Capacity benchmark (issue 19): what one PostgreSQL and two workers hold.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/11 \
-        .venv/bin/python bench/scale.py [--only idle,parked,turns,pg]
+        .venv/bin/python bench/scale.py [--only idle,parked,drive,turns,pg]
 
 Every figure is a ratio against a baseline measured in the same run:
 
@@ -25,6 +25,11 @@ turns   --turns turns at once (1 s model latency, 2 steps each) across 2
         the next turn of the same sessions (a live agent's turn). --profile
         samples the workers' CPU by stack. Targets: wall/ideal <= 1.5,
         CPU <= 3 ms.
+drive   the runtime's own CPU per two-step turn, in one process without a
+        broker: inject, then drive() with its after-turn hooks, on the same
+        fake model at 0 s latency, time.thread_time() around each drive;
+        median of --drive-turns turns, for the baseline and this tree,
+        alternating (the part of the worker's CPU that is the runtime's).
 pg      appends/s with 1, 8, 32 and 64 sessions in parallel (one writer
         process each, sessions_app.log.append), bytes per event in table
         and indexes, events per turn, and the capacity model they give.
@@ -228,23 +233,90 @@ def turns_child(opts: argparse.Namespace) -> None:
             first = Event.objects.filter(session_id__in=ids).count()
             cpu0 = sum(t.cpu_seconds(p.pid) for p in procs)
             sys0 = sum(_system_cpu(p.pid) for p in procs)
+            switches0 = sum(_switches(p.pid) for p in procs)
             main0 = sum(_main_thread_cpu(p.pid) for p in procs)
             counts0 = _server_counts()
             wall = _burst(ids, r + 1)
             cpu = sum(t.cpu_seconds(p.pid) for p in procs) - cpu0
             system = sum(_system_cpu(p.pid) for p in procs) - sys0
+            switches = sum(_switches(p.pid) for p in procs) - switches0
             main = sum(_main_thread_cpu(p.pid) for p in procs) - main0
             counts = {k: (v - counts0[k]) / len(ids) for k, v in _server_counts().items()}
             events = (Event.objects.filter(session_id__in=ids).count() - first) / len(ids)
             result(
                 cold=r == 0, wall=wall, ideal=2 * opts.latency, cpu_ms=cpu * 1000 / len(ids), events=events,
-                n=len(ids), main_ms=main * 1000 / len(ids), sys_ms=system * 1000 / len(ids), **counts,
+                n=len(ids), main_ms=main * 1000 / len(ids), sys_ms=system * 1000 / len(ids),
+                switches=switches / len(ids), **counts,
             )  # fmt: skip
             t.settle(procs)
     finally:
         for p in procs:
             t.kill(p)
         fake.terminate()
+
+
+def drive_child(opts: argparse.Namespace) -> None:
+    """The runtime alone: one thread, no broker, hot caches."""
+    os.environ["TERRET_WORKER"] = "manual"  # admission wakes nobody; drive() runs the hooks below
+    os.environ.setdefault("TERRET_MAX_AGENTS", "100000")
+    os.environ.setdefault("TERRET_CANCEL_POLL_SECONDS", "100")  # the stop watch's poll is per process, not per turn
+    from bench import turns as t
+    from bench._setup import scratch_database
+
+    scratch_database(opts.db)
+    from django.db import connection
+    from django.test import override_settings
+
+    from sessions_app import services
+    from sessions_app.runtime.drive import drive
+
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--port", "0", "--latency", "0",
+         "--mode", "tool-then-final", "--tool", "debug.noop"],
+        cwd=TREE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert fake.stdout is not None
+    base_url = fake.stdout.readline().strip().split()[-1]
+    try:
+        with override_settings(TERRET_LLM_BASE_URL=base_url, TERRET_LLM_API_KEY="bench"):
+            sessions = t.make_sessions(20, "drive", ["debug.noop"])
+            samples: list[float] = []
+            for i in range(len(sessions) + opts.drive_turns):  # the first turn of each session is not counted
+                session = sessions[i % len(sessions)]
+                services.inject(session.id, "go", wake=True)
+                with override_settings(TERRET_WORKER="celery"):  # after-turn hooks run, as in a worker
+                    started = time.thread_time()
+                    drive(str(session.id))
+                    connection.close()
+                    spent = time.thread_time() - started
+                if i >= len(sessions):
+                    samples.append(spent)
+        result(median_ms=statistics.median(samples) * 1000, mean_ms=statistics.fmean(samples) * 1000,
+               p10_ms=sorted(samples)[len(samples) // 10] * 1000, n=len(samples))  # fmt: skip
+    finally:
+        fake.terminate()
+
+
+def run_drive(opts: argparse.Namespace) -> bool:
+    trees = [("this tree", HERE)]
+    if (BASELINE / "sessions_app").is_dir() and not opts.no_baseline:
+        trees.insert(0, ("baseline", BASELINE))
+    got: dict[str, list[float]] = {label: [] for label, _ in trees}
+    for rnd in range(opts.rounds):
+        for label, tree in trees:
+            env = dict(os.environ, TERRET_BENCH_TREE=str(tree))
+            args = ["--drive-child", "--db", f"{PREFIX}_drive", "--drive-turns", str(opts.drive_turns)]
+            (row,) = child(args, env, f"/tmp/terret-scale-drive-{rnd}.log", cwd=tree)
+            got[label].append(row["median_ms"])
+            print(f"  round {rnd + 1}, {label}: CPU per two-step turn median {row['median_ms']:.2f} ms "
+                  f"(p10 {row['p10_ms']:.2f}, mean {row['mean_ms']:.2f}; {row['n']} turns)")  # fmt: skip
+    after = median(got["this tree"])
+    line = f"drive: the runtime alone, CPU per two-step turn {after:.2f} ms"
+    if "baseline" in got:
+        before = median(got["baseline"])
+        line += f" (baseline {before:.2f} ms; after/before {after / before:.2f})"
+    print(line)
+    return True  # informative: the target is the worker's (turns)
 
 
 def _burst(ids: list[Any], turns_each: int) -> float:
@@ -281,6 +353,20 @@ def _system_cpu(pid: int) -> float:
     of the threads that wait for the GIL), apart from its Python work."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
+def _switches(pid: int) -> int:
+    """Context switches of all of a worker's threads so far, voluntary (a
+    thread blocked: a socket read, a lock, the GIL) and not (preempted)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[-1])
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 def _server_counts() -> dict[str, float]:
@@ -338,7 +424,8 @@ def run_turns(opts: argparse.Namespace) -> bool:
                 f"  round {rnd + 1}, {label}: wall/ideal {fmt([r['wall'] / r['ideal'] for r in warm])}, "
                 f"worker CPU per turn {fmt([r['cpu_ms'] for r in warm], ' ms')}"
                 f" (of which Celery's consumer thread {fmt([r['main_ms'] for r in warm], ' ms')}, "
-                f"in the kernel {fmt([r.get('sys_ms', 0.0) for r in warm], ' ms')}); per turn: "
+                f"in the kernel {fmt([r.get('sys_ms', 0.0) for r in warm], ' ms')}; "
+                f"{median([r.get('switches', 0.0) for r in warm]):.0f} context switches); per turn: "
                 f"{median([r['commits'] for r in warm]):.1f} PostgreSQL commits (all clients of the database), "
                 f"{median([r['redis_cmds'] for r in warm]):.1f} Redis commands and "
                 f"{median([r['redis_conns'] for r in warm]):.2f} new Redis connections (whole server); "
@@ -1055,7 +1142,7 @@ def main() -> int:
         print(f"(event table partitioned by hash(session_id) into {PARTITIONS}: {urlparse(sys.argv[2]).path[1:]})")
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="idle,parked,turns,pg", help="comma-separated sections")
+    ap.add_argument("--only", default="idle,parked,drive,turns,pg", help="comma-separated sections")
     ap.add_argument("--rounds", type=int, default=2, help="repetitions of each comparison (default 2)")
     ap.add_argument("--idle", type=int, default=100_000, help="sessions in the large case (default 100k)")
     ap.add_argument("--active", type=int, default=1_000, help="sessions with open turns (default 1k)")
@@ -1067,7 +1154,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="sample the workers' CPU by stack (turns)")
     ap.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the idle case's queries")
     # children
+    ap.add_argument("--drive-turns", type=int, default=300, help="measured turns per drive child")
     ap.add_argument("--turns-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--drive-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--idle-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--parked-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--db", help=argparse.SUPPRESS)
@@ -1081,13 +1170,17 @@ def main() -> int:
     if opts.idle_child:
         idle_child(opts)
         return 0
+    if opts.drive_child:
+        drive_child(opts)
+        return 0
     if opts.parked_child:
         parked_child(opts)
         return 0
     sections = opts.only.split(",")
     ok = True
     started = time.monotonic()
-    for name, run in [("idle", run_idle), ("parked", run_parked), ("turns", run_turns), ("pg", run_pg)]:
+    runs = [("idle", run_idle), ("parked", run_parked), ("drive", run_drive), ("turns", run_turns), ("pg", run_pg)]
+    for name, run in runs:
         if name in sections:
             print(f"--- {name}", flush=True)
             ok &= run(opts)
