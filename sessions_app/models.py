@@ -151,6 +151,15 @@ class Session(models.Model):
     deferred_seq = models.BigIntegerField(default=0)
     deferred_cursor = models.BigIntegerField(default=0)
     queued_follow_ups = models.IntegerField(default=0)
+    # Woken steers (input/queued with wake) that may still wait: raised by
+    # each, zeroed by the placement or withdrawal that takes the steer lane's
+    # cursor up to its newest input. A steer that arrived as a turn ended is
+    # owed the next turn; if the worker died between the two, nothing else
+    # would wake the session (its wake-up was spent while the lease was
+    # busy), so the sweep's owed() looks here. A counter, not a comparison of
+    # the two cursors: PostgreSQL estimates a column-to-column comparison at
+    # a third of the rows and then scans (docs/scaling.md, section 1).
+    woken_steers = models.IntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -169,6 +178,9 @@ class Session(models.Model):
             models.Index(
                 fields=["queued_follow_ups"], condition=models.Q(queued_follow_ups__gt=0), name="session_owed"
             ),
+            # Sessions with a woken steer that may wait (owed() too); only
+            # queued input and its placements write the column.
+            models.Index(fields=["woken_steers"], condition=models.Q(woken_steers__gt=0), name="session_woken"),
             # Open turns, apart: the sweep reads only those not parked on an
             # approval, the approvals badge only those that are, so neither
             # scans the idle sessions (docs/scaling.md). Only turn/start,

@@ -128,7 +128,13 @@ def _inbox(data: Json) -> list[Assignment]:
         if lane == "follow_up":
             out.append(("queued_follow_ups = queued_follow_ups - 1", []))
         return [*out, unhold]
-    return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src]), unhold]
+    return [("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [src, src]), unhold, _woken_up_to(src)]
+
+
+def _woken_up_to(seq: int) -> Assignment:
+    """The steer lane's cursor reaches `seq`: once that is its newest input,
+    no woken steer waits any more (Session.woken_steers)."""
+    return ("woken_steers = CASE WHEN %s >= last_input_seq THEN 0 ELSE woken_steers END", [seq])
 
 
 def _withdrawn(data: Json) -> list[Assignment]:
@@ -138,6 +144,7 @@ def _withdrawn(data: Json) -> list[Assignment]:
     if "inbox_to" in data:
         to = data["inbox_to"]
         out.append(("inbox_seq = CASE WHEN inbox_seq < %s THEN %s ELSE inbox_seq END", [to, to]))
+        out.append(_woken_up_to(to))
     if "deferred_to" in data:
         to = data["deferred_to"]
         out.append(("deferred_cursor = CASE WHEN deferred_cursor < %s THEN %s ELSE deferred_cursor END", [to, to]))
@@ -432,7 +439,11 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "Durably queued input; it rides the next step as context/injected (or opens the next turn).",
-            lambda d: [("last_input_seq = NEW_SEQ", []), ("blocked_seq = NULL", [])],
+            lambda d: [
+                ("last_input_seq = NEW_SEQ", []),
+                ("blocked_seq = NULL", []),
+                *([("woken_steers = woken_steers + 1", [])] if d["wake"] else []),
+            ],
         ),
         Kind(
             "input/deferred",

@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import BooleanField, Q
+from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -108,18 +108,26 @@ def held() -> list[str]:
 
 
 def owed() -> list[str]:
-    """Idle sessions owed a turn by a follow-up that nobody opened (a worker
-    died between one turn's end and the next one's opening), once their
-    lease, if any, has run out."""
+    """Idle sessions owed a turn that nobody opened (a worker died between
+    one turn's end and the next one's opening), once their lease, if any,
+    has run out: by a follow-up, or by a woken steer that arrived as the
+    last turn ended. Two statements, each on its own partial index
+    (session_owed, session_woken): an OR of the two would be planned as a
+    scan of the table."""
     now = timezone.now()
-    found = Session.objects.filter(
+    idle = Session.objects.filter(
         open_turn_seq__isnull=True,
-        queued_follow_ups__gt=0,
         held_seq__isnull=True,
         suspended_seq__isnull=True,
         revoked_seq__isnull=True,
     ).filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-    return _not_woken_lately([str(i) for i in found.values_list("id", flat=True)[:SWEEP_BATCH]])
+    follow_ups = idle.filter(queued_follow_ups__gt=0)
+    # The counter may stay up after a withdrawal behind an unwoken steer; the
+    # cursors say whether any steer waits at all, and the drive reads which.
+    steers = idle.filter(woken_steers__gt=0, last_input_seq__gt=F("inbox_seq"))
+    ids = [str(i) for i in follow_ups.values_list("id", flat=True)[:SWEEP_BATCH]]
+    ids += [str(i) for i in steers.values_list("id", flat=True)[:SWEEP_BATCH] if str(i) not in ids]
+    return _not_woken_lately(ids)
 
 
 def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:

@@ -260,3 +260,42 @@ def test_input_a_budget_holds_reads_held_and_can_be_withdrawn(session: Session) 
     row = Session.objects.get(id=session.id)
     assert row.held_seq is None and row.last_input_seq <= row.inbox_seq, "nothing left held or pending"
     assert inputs.receipt(session.id, r.seq).disposition == "withdrawn"
+
+
+def woken(session: Session) -> int:
+    return Session.objects.values_list("woken_steers", flat=True).get(id=session.id)
+
+
+def test_a_woken_steer_left_by_a_turn_that_ended_is_owed_a_turn(fake_llm: Any, session: Session) -> None:
+    """A steer that arrived as the turn ended, and the worker died before
+    opening the next turn: its wake-up was spent while the lease was busy, so
+    only the sweep can find it (Session.woken_steers, sweep.owed)."""
+    busy(session)
+    steer = inputs.inject(session.id, "also this", lane="steer")
+    assert woken(session) == 1
+    assert inputs.cancel(session.id, by="owner") is True  # the turn ends without taking the steer in
+    assert [e["status"] for e in events(session, "turn/end")] == ["cancelled"]
+    assert str(session.id) in sweep.owed()
+    fake_llm.script(Reply(text="ok"))
+    assert drive(session.id) == "ended"
+    assert turns(session)[1] == [("user/message", "also this")]
+    assert inputs.receipt(session.id, steer.seq).disposition == "answered"
+    assert woken(session) == 0
+    assert str(session.id) not in sweep.owed()
+    assert len(fake_llm.requests) == 1
+
+
+def test_placed_and_withdrawn_steers_leave_nothing_owed(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(Reply(text="1"))
+    busy(session)
+    inputs.inject(session.id, "rides along", lane="steer")
+    assert drive(session.id) == "ended"  # placed as context/injected at the step boundary
+    assert turns(session)[0] == [("user/message", "first"), ("context/injected", "rides along")]
+    assert woken(session) == 0
+    busy(session)
+    taken_back = inputs.inject(session.id, "never mind", lane="steer")
+    assert woken(session) == 1
+    inputs.withdraw(session.id, taken_back.seq, by="owner")
+    assert woken(session) == 0
+    assert inputs.cancel(session.id, by="owner") is True
+    assert str(session.id) not in sweep.owed()
