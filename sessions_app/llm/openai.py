@@ -719,7 +719,10 @@ class OpenAIAdapter:
         if tools:
             body["tools"] = [_wire_tool(t) for t in tools]
         known = {to_wire(t.name): t.name for t in tools}
-        url = _endpoint(spec, base)
+        try:
+            url = _endpoint(base)
+        except ValueError as err:
+            raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL {err}") from err
         # As httpx encodes a json= body: compact, UTF-8, no NaN.
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         return _Request(spec, url, body, headers, known, secrets=(key,) if key else (), content=content)
@@ -804,15 +807,16 @@ class OpenAIAdapter:
 
 
 @functools.lru_cache(maxsize=64)
-def _endpoint(spec: str, base: str) -> httpcore.URL:
+def _endpoint(base: str) -> httpcore.URL:
     """The chat completions URL of a base URL, parsed once (parsing it per
-    call was a visible share of building a request)."""
+    call was a visible share of building a request). ValueError when it is
+    not an http(s) URL."""
     try:
         url = httpcore.URL(f"{base}/chat/completions")
     except (TypeError, ValueError) as err:
-        raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL is not a URL ({err})") from err
+        raise ValueError(f"is not a URL ({err})") from err
     if url.scheme not in (b"http", b"https") or not url.host:
-        raise ModelNotConfigured(f"{spec}: TERRET_LLM_BASE_URL must be an http(s) URL, not {base!r}")
+        raise ValueError(f"must be an http(s) URL, not {base!r}")
     return url
 
 
