@@ -247,6 +247,9 @@ TERRET_DAILY_TURNS = env_limit("TERRET_DAILY_TURNS")
 # over this, and this many tokens (at most an eighth of the window) are left for the reply.
 TERRET_CHARS_PER_TOKEN = env_float("TERRET_CHARS_PER_TOKEN", 3.5, minimum=1.0)
 TERRET_CONTEXT_RESERVE_TOKENS = env_int("TERRET_CONTEXT_RESERVE_TOKENS", 4096, minimum=0)
+# A provider's refusal naming no figures halves the believed window, never below this;
+# refused at or under it, a turn is blocked (context_overflow) for an operator.
+TERRET_CONTEXT_FLOOR_TOKENS = env_int("TERRET_CONTEXT_FLOOR_TOKENS", 4096, minimum=256)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
 TERRET_FAILPOINTS = env_pauses("TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect"}))

@@ -319,6 +319,11 @@ class BlockedOut(Schema):
 
     reason: str
     attempts: int
+    code: str | None = Field(
+        None,
+        description="retries_exhausted (a resumed turn kept failing) or context_overflow (compaction could not "
+        "bring the request under the model's context window); null for a turn blocked before codes",
+    )
     since: str = Field(description="ISO 8601: when the turn was blocked")
 
 

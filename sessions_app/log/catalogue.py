@@ -370,10 +370,19 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "turn/blocked",
-            _obj({"reason": _STR, "attempts": {"type": "integer", "minimum": 0}}, ["reason", "attempts"]),
+            _obj(
+                {
+                    "reason": _STR,
+                    "attempts": {"type": "integer", "minimum": 0},
+                    "code": {"enum": ["retries_exhausted", "context_overflow"]},
+                },
+                ["reason", "attempts"],
+            ),
             False,
-            "The open turn stopped retrying by itself. New input, a verdict, a cancel or a retry "
-            "(turn/retry_requested) picks it up again.",
+            "The open turn stopped retrying by itself: `code` retries_exhausted (a resumed turn failed "
+            "TERRET_RESUME_ATTEMPTS times) or context_overflow (compaction could not bring its request under "
+            "the model's context window). New input, a verdict, a cancel or a retry (turn/retry_requested) "
+            "picks it up again.",
             lambda d: [("blocked_seq = NEW_SEQ", [])],
         ),
         Kind(
@@ -730,13 +739,15 @@ CATALOGUE: dict[str, Kind] = {
                     "role": {"enum": list(MODEL_ROLES)},
                     "spec": _NONEMPTY,
                     "tokens": {"type": "integer", "minimum": 1},
-                    "source": {"enum": ["error"]},
+                    "source": {"enum": ["error", "refusal"]},
                 },
                 ["spec", "tokens", "source"],
             ),
             False,
-            "A model's context window, learned from the provider's context-length error; it applies from now on "
-            "to every session using the model (ModelWindow), unless a profile declares one.",
+            "A model's context window, learned from the provider's context-length error (`source` error: the "
+            "limit it stated; refusal: it stated none, and the refused request's estimate was halved); it "
+            "applies from now on to every session using the model (ModelWindow), with a profile's declared "
+            "window the smaller counts.",
             None,
             lambda d: [(_MODEL_WINDOW_UPSERT, [d["spec"], int(d["tokens"])])],
         ),

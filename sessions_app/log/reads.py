@@ -32,14 +32,20 @@ def agent_for_session(session_id: uuid.UUID | str) -> Agent | None:
 
 
 def blocked_info(session: Session) -> dict[str, Any] | None:
-    """{reason, attempts, since} of a blocked session's turn/blocked; None when not blocked."""
+    """{reason, attempts, code, since} of a blocked session's turn/blocked
+    (code None for one recorded before codes); None when not blocked."""
     if session.blocked_seq is None or session.open_turn_seq is None:
         return None
     row = Event.objects.filter(session_id=session.id, seq=session.blocked_seq).values("data", "created_at").first()
     if row is None:
         return None
     data = row["data"]
-    return {"reason": data.get("reason", ""), "attempts": data.get("attempts", 0), "since": row["created_at"]}
+    return {
+        "reason": data.get("reason", ""),
+        "attempts": data.get("attempts", 0),
+        "code": data.get("code"),
+        "since": row["created_at"],
+    }
 
 
 def waiting_info(session: Session) -> dict[str, Any] | None:

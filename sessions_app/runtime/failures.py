@@ -8,6 +8,12 @@ fails on either; only a turn re-entered after a crash retries a transient
 failure, with backoff and a bounded number of attempts (runner.py), and is
 then blocked. Database errors are not decided here: a drive retries those
 itself (drive.py), because the turn is not what failed.
+
+A blocked turn says why in a code (turn/blocked's `code`), for an operator:
+RETRIES_EXHAUSTED, or CONTEXT_OVERFLOW: a request the provider refused as
+too long that compaction could not bring under the window. Neither fails
+the turn: new input, a Retry (after a bigger window, a shorter system
+prompt, another model) or an Abandon moves it on.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from sessions_app.llm.types import ModelError
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 600
+
+# turn/blocked's codes.
+RETRIES_EXHAUSTED = "retries_exhausted"
+CONTEXT_OVERFLOW = "context_overflow"
 
 
 @dataclass(frozen=True)
@@ -50,10 +60,11 @@ def drop_dead_connections() -> None:
 
 def classify(exc: BaseException) -> Failure:
     if isinstance(exc, ModelError):
-        return Failure(exc.transient, _clean(f"model call failed: {exc}"))
-    return Failure(False, _clean(f"{type(exc).__name__}: {exc}"))
+        return Failure(exc.transient, clean(f"model call failed: {exc}"))
+    return Failure(False, clean(f"{type(exc).__name__}: {exc}"))
 
 
-def _clean(text: str) -> str:
+def clean(text: str) -> str:
+    """An error's text as a turn/end or turn/blocked carries it: no NUL, at most MAX_ERROR_CHARS."""
     text = text.replace("\x00", "\\u0000")
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

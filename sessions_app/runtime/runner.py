@@ -25,8 +25,10 @@ Rules kept here:
 - A request that would not fit the model's context window (declared, or
   learned from a provider's context-length error: windows.py) is compacted
   first, inside the turn, at the step boundary before the model call; a
-  context-length error compacts and retries the step once; what still does
-  not fit fails the turn with the reason. Never a loop.
+  context-length error teaches the window (the stated limit, or the refused
+  request halved) and compacts, and the step tries once more; what still
+  does not fit blocks the turn `context_overflow` for an operator, with the
+  reason, rather than failing it (and every later turn with it). Never a loop.
 - A cancel stops a streaming model call within about a second (stop.py);
   the text streamed so far is kept as a partial assistant message.
 - While the process drains (a deploy's SIGTERM), the turn hands its session
@@ -101,7 +103,7 @@ class TurnRunner:
         # and no further external attempt starts before one answers.
         self.awaiting_operator = False
         self.turn_seq = 0
-        # Whether this step compacted already: a second refusal then fails the turn.
+        # Whether this step compacted already: a refusal after it blocks the turn (context_overflow).
         self.compacted_in_step = False
         self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
         # Calls a reviewer approved with edited arguments: call id -> the JSON that ran,
@@ -270,19 +272,19 @@ class TurnRunner:
             st = self.outbox.state()
         self.compacted_in_step = False
         messages = self.fit_window(spec, self.request_messages())
-        if isinstance(messages, Outcome):
-            return messages
         try:
             try:
                 reply = self.call_model(spec, messages, step)
             except ContextTooLong as refused:
-                messages = self.after_context_error(spec, refused)
-                if isinstance(messages, Outcome):
-                    return messages
+                compacted = self.after_context_error(spec, refused, messages)
+                if isinstance(compacted, Outcome):
+                    return compacted
+                messages = compacted
                 try:
-                    reply = self.call_model(spec, messages, step)  # once: a second refusal fails the turn
+                    reply = self.call_model(spec, messages, step)  # once: refused again, the turn is blocked
                 except ContextTooLong as again:
-                    return self.fail(failures.Failure(False, too_long_after_compaction(spec, again)))
+                    self.learn_window(spec, again, messages)  # so the next attempt starts within it
+                    return self.overflow(too_long_after_compaction(spec, again))
         except ModelCancelled as stopped:
             # Keep what streamed before the Stop, marked partial; no tool call.
             partial = _assistant_payload(ModelReply(stopped.partial.content, [], stopped.partial.usage))
@@ -319,44 +321,84 @@ class TurnRunner:
         system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
         return [system, *self.view.messages]
 
-    def fit_window(self, spec: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | Outcome:
+    def fit_window(self, spec: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request as is when it fits the window (or none is known);
         otherwise compacted first. A request still over the estimate after
-        compacting is sent anyway: the provider has the last word."""
+        compacting, or one compaction could not help, is sent anyway: the
+        provider has the last word (a window believed too small, after a
+        provider raised it, must not keep a turn from running)."""
         window = windows.window_for(self.profile, "main", spec)
         if window is None:
             return messages
         tokens = windows.estimate_tokens(messages, self.registry.specs())
         if windows.fits(tokens, window):
             return messages
-        return self.compact_now(
-            f"the request (about {tokens} tokens) would not fit the {window}-token window of {spec}"
-        )
+        reason = f"the request (about {tokens} tokens) would not fit the {window}-token window of {spec}"
+        declined = self.compact_now(reason)
+        if declined is not None:
+            logger.info("%s: %s, and compaction could not help (%s); sent as it is", self.sid, reason, declined)
+            return messages
+        return self.request_messages()
 
-    def after_context_error(self, spec: str, refused: ContextTooLong) -> list[dict[str, Any]] | Outcome:
-        """Learn the window from the refusal, compact, and let the step retry
-        once. Refused after compacting: the turn fails, it does not loop."""
-        if refused.limit_tokens:
-            self.outbox.emit(
-                "model/window", {"role": "main", "spec": spec, "tokens": refused.limit_tokens, "source": "error"}
+    def after_context_error(
+        self, spec: str, refused: ContextTooLong, messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]] | Outcome:
+        """Learn the window from the refusal, compact, and let the step try
+        once more. What cannot get under the window (the floor reached, a
+        compaction already made in this step, one that declined) blocks the
+        turn: never a loop, never a failure that every later turn repeats."""
+        window = self.learn_window(spec, refused, messages)
+        if window is None:
+            floor = settings.TERRET_CONTEXT_FLOOR_TOKENS
+            return self.overflow(
+                f"{spec} refused the request as too long for its context window ({refused}), and no smaller "
+                f"window is left to try above the floor of {floor} tokens"
             )
-            self.flush()
-            windows.remember(spec, refused.limit_tokens)
         if self.compacted_in_step:
-            return self.fail(failures.Failure(False, too_long_after_compaction(spec, refused)))
-        return self.compact_now(f"{spec} refused the request as too long for its context window ({refused})")
+            return self.overflow(too_long_after_compaction(spec, refused))
+        reason = f"{spec} refused the request as too long for its context window ({refused})"
+        declined = self.compact_now(reason)
+        if declined is not None:
+            return self.overflow(f"{reason}, and compaction could not help: {declined}")
+        return self.request_messages()
 
-    def compact_now(self, reason: str) -> list[dict[str, Any]] | Outcome:
+    def learn_window(self, spec: str, refused: ContextTooLong, messages: list[dict[str, Any]]) -> int | None:
+        """Record what `refused` teaches of `spec`'s window (windows.after_refusal):
+        model/window when it changed, for every session of the model. The
+        window now believed; None when nothing above the floor is left."""
+        known = windows.window_for(self.profile, "main", spec)
+        estimate = windows.estimate_tokens(messages, self.registry.specs())
+        window = windows.after_refusal(known, estimate, refused.limit_tokens)
+        if window is not None and window != known:
+            source = "error" if window == refused.limit_tokens else "refusal"
+            self.outbox.emit("model/window", {"role": "main", "spec": spec, "tokens": window, "source": source})
+            self.flush()
+            windows.remember(spec, window)
+        return window
+
+    def compact_now(self, reason: str) -> str | None:
         """Compact inside the turn, here at the step boundary (every call
-        before it has its result; nothing is parked), and read the view again."""
+        before it has its result; nothing is parked), and read the view
+        again. None when it compacted, else why not."""
         self.flush()
         declined = hooks.compact_in_turn(self.sid, self.lease.fence, self.turn_seq)
         self.view.refresh()
-        if declined is not None:
-            return self.fail(failures.Failure(False, f"{reason}, and compaction could not help: {declined}"))
-        logger.info("compacted %s inside its turn: %s", self.sid, reason)
-        self.compacted_in_step = True
-        return self.request_messages()
+        if declined is None:
+            logger.info("compacted %s inside its turn: %s", self.sid, reason)
+            self.compacted_in_step = True
+        return declined
+
+    def overflow(self, reason: str) -> Outcome:
+        """Block the turn `context_overflow`: its request cannot be brought
+        under the model's window here. Failing it would fail every later turn
+        too; blocked, it waits for an operator (a Retry after a bigger window
+        or a shorter prompt, an Abandon) or new input. The step stays open;
+        its refused requests cost nothing (TurnState.refused_step)."""
+        attempts = self.outbox.state().attempts + 1
+        code = failures.CONTEXT_OVERFLOW
+        self.outbox.emit("turn/blocked", {"reason": failures.clean(reason), "attempts": attempts, "code": code})
+        self.flush(release=True)
+        return Outcome.BLOCKED
 
     def call_model(self, spec: str, messages: list[dict[str, Any]], step: int) -> ModelReply:
         tools = self.registry.specs()
@@ -396,7 +438,8 @@ class TurnRunner:
             return Outcome.ENDED
         attempt = st.attempts + 1
         if attempt >= settings.TERRET_RESUME_ATTEMPTS:
-            self.outbox.emit("turn/blocked", {"reason": failure.message, "attempts": attempt})
+            blocked = {"reason": failure.message, "attempts": attempt, "code": failures.RETRIES_EXHAUSTED}
+            self.outbox.emit("turn/blocked", blocked)
             self.flush(release=True)
             return Outcome.BLOCKED
         self.retry_after = settings.TERRET_RESUME_BACKOFF_SECONDS * 2 ** (attempt - 1)

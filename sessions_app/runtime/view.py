@@ -20,6 +20,7 @@ from sessions_app.log.projection import render
 from sessions_app.log.reads import events_since, turn_view
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
+from sessions_app.runtime.failures import CONTEXT_OVERFLOW
 from sessions_app.runtime.lease import Lease
 from sessions_app.runtime.roles import resolve_spec
 
@@ -45,6 +46,9 @@ class TurnState:
     unknown: set[str] = field(default_factory=set)
     # Failed attempts (turn/stalled, turn/blocked) since the turn last made progress.
     attempts: int = 0
+    # The step a context_overflow blocked: its requests were refused (nothing in
+    # flight, nothing spent), so driving the turn again is no resume.
+    refused_step: int | None = None
 
     @classmethod
     def parse(cls, events: list[LoggedEvent]) -> TurnState:
@@ -61,6 +65,8 @@ class TurnState:
                     st.open_step = None
             elif e.kind in ("turn/stalled", "turn/blocked"):
                 st.attempts += 1
+                if e.data.get("code") == CONTEXT_OVERFLOW:
+                    st.refused_step = st.open_step
             elif e.kind == "approval/requested":
                 st.asked.add(e.data["call_id"])
             elif e.kind == "tool/unknown":
@@ -88,7 +94,7 @@ class TurnState:
         and either its model call or one of its tool calls was in flight. A
         step whose owed calls all wait on (or got) a verdict, or on an
         operator, was parked, not interrupted: driving it again is no resume."""
-        if self.open_step is None:
+        if self.open_step is None or self.open_step == self.refused_step:
             return False
         message = self.assistant_in_open_step()
         if message is None:
@@ -100,6 +106,8 @@ class TurnState:
         """Whether the spend of `step`'s model request is on record without a
         step/end: a usage/recorded of the step, or a stalled attempt after its
         step/start (whose failure recorded what the provider reported)."""
+        if step == self.refused_step:
+            return True  # refused as too long: a refusal is not billed
         start = next((e.seq for e in self.events if e.kind == "step/start" and e.data["step"] == step), 0)
         return any(
             (e.kind == "usage/recorded" and e.data.get("step") == step) or (e.kind == "turn/stalled" and e.seq > start)

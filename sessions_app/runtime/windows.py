@@ -8,6 +8,14 @@ characters of its text over TERRET_CHARS_PER_TOKEN, which errs high for
 prose (about 4 characters a token) and is near the mark for code and JSON.
 What is left for the reply is TERRET_CONTEXT_RESERVE_TOKENS, or an eighth
 of a small window.
+
+A refusal that names no figures (a bare `context_length_exceeded`, some
+proxies' wording) still teaches something: the window is smaller than the
+refused request. after_refusal halves that request's estimate, and halves
+again on the next refusal, down to TERRET_CONTEXT_FLOOR_TOKENS; below the
+floor nothing is believed any more and the request is given up (the runner
+blocks the turn `context_overflow`, the summarizer fails). A fixed guess
+would not do: one too large is refused forever.
 """
 
 from __future__ import annotations
@@ -81,3 +89,31 @@ def estimate_tokens(messages: list[dict[str, Any]], tools: list[ToolSpec] | None
 
 def fits(tokens: int, window: int) -> bool:
     return tokens <= window - reserve(window)
+
+
+def halved(estimate: int) -> int | None:
+    """The window to believe after a refusal of a request of `estimate`
+    tokens that says nothing of the limit: half the request, at least the
+    floor; None when the refused request was at or under the floor already."""
+    floor = settings.TERRET_CONTEXT_FLOOR_TOKENS
+    if estimate <= floor:
+        return None
+    return max(estimate // 2, floor)
+
+
+def after_refusal(window: int | None, estimate: int, limit: int | None) -> int | None:
+    """The window to believe after the provider refused, as too long, a
+    request of `estimate` tokens (our estimate) while `window` was believed
+    (None: none known). `limit`: the one the provider stated, if any. None:
+    nothing smaller is believable (the floor is reached).
+
+    A stated limit below what was believed is taken as it is. A request that
+    was over the believed window is refused for that reason: the window
+    stands (compacting to it is the remedy). Otherwise what was believed is
+    wrong, or nothing was: the request's estimate halved (halved())."""
+    if limit and (window is None or limit < window):
+        return limit
+    known = window or limit
+    if known and not fits(estimate, known):
+        return known
+    return halved(estimate)

@@ -321,7 +321,7 @@ def _commit(
                 tx.append(kind, payload)
             if summary.learned_window:
                 learned = {"role": "compactor", "spec": summary.model, "tokens": summary.learned_window}
-                tx.append("model/window", {**learned, "source": "error"})
+                tx.append("model/window", {**learned, "source": summary.learned_source})
     except LeaseLost:
         record_usages(sid, summary.usages)  # the spend happened, whoever owns the session now
         raise

@@ -54,12 +54,18 @@ How the role summarizer fits the compactor's window:
    depends on a possibly bad summary of the previous ones, and the number
    of chunk requests is known before the first is made.
 5. A compactor that answers ContextTooLong (its window is smaller than
-   believed) gets one more try, from the start, with a smaller window: the
+   believed) is tried again, from the start, with a smaller window: the
    provider's limit_tokens, scaled by how far our estimate of the refused
-   request was from the provider's requested_tokens when it gave both, or
-   half the window when it gave no limit below it. Refused again:
-   SummarizerFailed. The usage of every request that succeeded, in either
-   try, is kept.
+   request was from the provider's requested_tokens when it gave both;
+   when it named no limit below the window, the refused request's estimate
+   halved (windows.halved), and halved again on the next refusal, down to
+   TERRET_CONTEXT_FLOOR_TOKENS. Every try has a smaller window than the one
+   before, so this ends: refused at or under the floor, or with a window
+   too small to leave MIN_ROOM_CHARS, it raises SummarizerFailed. The
+   window of the last refusal is recorded for the compactor's model
+   (Summary.learned_window, with its source), so the next compaction starts
+   within it. The usage of every request that succeeded, in any try, is
+   kept.
 
 Morph's input (MorphSummarizer): every part longer than a tenth of
 MORPH_MAX_INPUT_CHARS (1,500,000 characters) is cut with the same marker, and
@@ -109,6 +115,9 @@ MAX_PART_CHARS = 32_000
 MAX_ROUNDS = 4
 # Below this much room per request a window is too small to summarize in.
 MIN_ROOM_CHARS = 2_000
+# Windows tried at most when the compactor refuses requests as too long (each
+# smaller than the last; halving from the default reaches any floor sooner).
+MAX_WINDOW_TRIES = 8
 # Kept free in each request for the line naming its part.
 _HEADER_CHARS = 200
 
@@ -168,9 +177,11 @@ class Summary:
     text: str
     model: str
     usages: list[RequestUsage] = field(default_factory=list)
-    # The compactor's window as its provider stated it when it refused a
-    # request as too long (recorded as model/window with the compaction).
+    # The compactor's window as learned when its provider refused a request as
+    # too long (recorded as model/window with the compaction): stated by the
+    # provider (source "error"), or the refused request halved ("refusal").
     learned_window: int | None = None
+    learned_source: str = "error"
 
     @property
     def usage(self) -> Usage | None:
@@ -419,16 +430,19 @@ class _Plan:
             rounds += 1
 
 
-def smaller_window(window: int, refused: ContextTooLong, estimate: int) -> int:
+def smaller_window(window: int, refused: ContextTooLong, estimate: int) -> int | None:
     """The window to try again with after `refused`: the provider's limit in
-    our estimate's units (scaled by estimate/requested when it gave both),
-    else half the window; always below `window`."""
+    our estimate's units (scaled by estimate/requested when it gave both)
+    when it is below `window`, else the refused request halved
+    (windows.halved), always below `window`. None: nothing above the floor
+    is left to try."""
     limit = refused.limit_tokens
     if limit and refused.requested_tokens and estimate:
         limit = int(limit * estimate / refused.requested_tokens)
-    if not limit or limit >= window:
-        return window // 2
-    return limit
+    if limit and limit < window:
+        return limit
+    halved = windows.halved(min(estimate, window) if estimate else window)
+    return halved if halved is not None and halved < window else None
 
 
 class RoleSummarizer:
@@ -457,25 +471,31 @@ class RoleSummarizer:
         release_connection()  # the reads are done; the requests may take seconds each
         usages: list[RequestUsage] = []
         plan = _Plan(spec, window, usages)
-        learned: int | None = None
-        try:
+        learned: tuple[int, str] | None = None
+        # Each try's window is below the one before, down to the floor, and
+        # there are at most MAX_WINDOW_TRIES of them: this ends.
+        for tries in range(1, MAX_WINDOW_TRIES + 1):
             try:
                 text = plan.run(history)
+                break
             except ContextTooLong as refused:
-                learned = refused.limit_tokens
-                smaller = smaller_window(window, refused, plan.last_estimate)
-                log.info("compactor %s refused %s tokens as too long; again within %s", spec, window, smaller)
+                smaller = smaller_window(plan.window, refused, plan.last_estimate)
+                if smaller is None or tries == MAX_WINDOW_TRIES:
+                    raise SummarizerGaveUp(
+                        f"the compactor model {spec} refused the request as too long for its context window "
+                        f"(tried within {plan.window} tokens, {tries} windows in all), and no smaller window is "
+                        f"left to try above the floor of {settings.TERRET_CONTEXT_FLOOR_TOKENS} tokens: {refused}",
+                        usages,
+                    ) from refused
+                stated = refused.limit_tokens
+                learned = (stated, "error") if stated else (smaller, "refusal")
+                log.info("compactor %s refused %s tokens as too long; again within %s", spec, plan.window, smaller)
                 plan = _Plan(spec, smaller, usages)
-                text = plan.run(history)
-        except ContextTooLong as again:
-            raise SummarizerGaveUp(
-                f"the compactor model {spec} refused the request as too long for its context window, "
-                f"also within {plan.window} tokens: {again}",
-                usages,
-            ) from again
-        except ModelError as exc:
-            raise SummarizerGaveUp(f"the compactor model {spec} failed: {exc}", usages) from exc
-        return Summary(text, spec, usages, learned)
+            except ModelError as exc:
+                raise SummarizerGaveUp(f"the compactor model {spec} failed: {exc}", usages) from exc
+        if learned is None:
+            return Summary(text, spec, usages)
+        return Summary(text, spec, usages, learned[0], learned[1])
 
 
 # ---------------------------------------------------------------- morph

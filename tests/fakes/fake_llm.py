@@ -9,15 +9,17 @@ responder callable.
         OpenAIAdapter(base_url=llm.base_url).complete(...)
 
 A context window can be enforced: with `max_context_chars` set, a request
-larger than that (see `request_size`) gets OpenAI's context-length refusal
-instead of a reply, and no scripted reply is used up.
+larger than that (see `request_size`) gets a context-length refusal instead
+of a reply, and no scripted reply is used up. `refusal` picks the provider's
+wording (REFUSALS): OpenAI's with figures (the default), OpenAI's naming no
+figures, Anthropic's, OpenRouter's, or a bare `context_length_exceeded` code.
 
-    llm = FakeLLM(max_context_chars=4000)
+    llm = FakeLLM(max_context_chars=4000, refusal="bare")
 
 Standalone (benchmarks, worker subprocesses):
 
     python -m tests.fakes.fake_llm --port 8765 --latency 1.0 --mode tool-then-final --tool debug.noop
-    python -m tests.fakes.fake_llm --max-context 40000
+    python -m tests.fakes.fake_llm --max-context 40000 --refusal anthropic
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from sessions_app.llm.openai import to_wire
 
 MODES = ("final", "tool-then-final", "always-tool")
+CONTEXT_CODE = "context_length_exceeded"
 # Seconds between the comments of a `keepalive_forever` reply.
 KEEPALIVE_INTERVAL = 0.2
 # Texts longer than this go out in BIG_PIECE-character chunks, not word by word.
@@ -75,6 +78,8 @@ class Reply:
       word per chunk (texts over BIG_TEXT characters use BIG_PIECE by default).
     echo_key: an error reply's message ends with the Authorization header the
       request carried, as a careless provider would echo it.
+    error_body: with `status`, the JSON body sent as it is, instead of the
+      one built from the error_* fields (a provider's own shape).
     """
 
     text: str | None = None
@@ -99,6 +104,7 @@ class Reply:
     keepalive_after: int = 0
     piece_size: int | None = None
     echo_key: bool = False
+    error_body: dict[str, Any] | None = None
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -122,19 +128,52 @@ def request_size(body: dict[str, Any]) -> int:
     return size
 
 
-def context_refusal(size: int, max_chars: int) -> Reply:
-    """OpenAI's answer to a request over the context window (4 characters a token)."""
-    message = (
-        f"This model's maximum context length is {max_chars // 4} tokens. However, your messages resulted in "
-        f"{size // 4} tokens. Please reduce the length of the messages."
-    )
-    return Reply(
-        status=400,
-        error_message=message,
-        error_type="invalid_request_error",
-        error_param="messages",
-        error_code="context_length_exceeded",
-    )
+# How each provider says a request is over the context window (4 characters a token).
+REFUSALS = ("openai", "openai-no-figures", "anthropic", "openrouter", "bare")
+
+
+def context_refusal(size: int, max_chars: int, wording: str = "openai") -> Reply:
+    """A provider's answer to a request of `size` characters over a window of
+    `max_chars`, in one of the REFUSALS' words, as each sends it:
+
+    - openai: 400, code context_length_exceeded, the limit and the request's
+      size in the message (chat completions);
+    - openai-no-figures: the same code, a message naming no figures (OpenAI's
+      Responses API words);
+    - anthropic: 400 `{"type": "error", "error": {"type":
+      "invalid_request_error", "message": "prompt is too long: N tokens > M
+      maximum"}}`, no code;
+    - openrouter: 400 with an HTTP-like numeric code and its endpoint wording;
+    - bare: 400 `{"error": {"code": "context_length_exceeded"}}`, no message."""
+    limit, tokens = max_chars // 4, size // 4
+    if wording == "openai":
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            f"{tokens} tokens. Please reduce the length of the messages."
+        )
+        return Reply(
+            status=400,
+            error_message=message,
+            error_type="invalid_request_error",
+            error_param="messages",
+            error_code="context_length_exceeded",
+        )
+    if wording == "openai-no-figures":
+        message = "Your input exceeds the context window of this model. Please adjust your input and try again."
+        return Reply(status=400, error_message=message, error_type="invalid_request_error", error_code=CONTEXT_CODE)
+    if wording == "anthropic":
+        error = {"type": "invalid_request_error", "message": f"prompt is too long: {tokens} tokens > {limit} maximum"}
+        return Reply(status=400, error_body={"type": "error", "error": error})
+    if wording == "openrouter":
+        message = (
+            f"This endpoint's maximum context length is {limit} tokens. However, you requested about {tokens} "
+            f"tokens ({tokens} of text input, 0 in the output). Please reduce the length of either one, or use "
+            'the "middle-out" transform to compress your prompt automatically.'
+        )
+        return Reply(status=400, error_message=message, error_code=400)
+    if wording == "bare":
+        return Reply(status=400, error_body={"error": {"code": CONTEXT_CODE}})
+    raise ValueError(f"unknown refusal wording {wording!r}; expected one of {REFUSALS}")
 
 
 def _last_role(body: dict[str, Any]) -> str | None:
@@ -304,6 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, reply: Reply, authorization: str) -> None:
         headers = {"Retry-After": str(reply.retry_after)} if reply.retry_after is not None else {}
+        if reply.error_body is not None:
+            self._send_json(reply.status, reply.error_body, headers)
+            return
         message = f"{reply.error_message} (you sent {authorization!r})" if reply.echo_key else reply.error_message
         code = reply.error_code if reply.error_code is not None else reply.status
         self._send_json(reply.status, {"error": _error_object(reply, message, code)}, headers)
@@ -369,8 +411,9 @@ class FakeLLM:
 
     `max_context_chars` (None: no limit; tests may change it while the server
     runs) is the context window: a request whose `request_size` exceeds it is
-    answered at once with HTTP 400 and OpenAI's `context_length_exceeded` body
-    (figures in tokens of 4 characters), and the script is left untouched.
+    answered at once with HTTP 400 and a context-length refusal in the words
+    `refusal` names (context_refusal; figures in tokens of 4 characters), and
+    the script is left untouched.
     `requests` still counts it; `refused` holds such requests and `accepted`
     the others (answered by the script or the responder, errors included),
     each in arrival order."""
@@ -381,9 +424,13 @@ class FakeLLM:
         host: str = "127.0.0.1",
         port: int = 0,
         max_context_chars: int | None = None,
+        refusal: str = "openai",
     ) -> None:
+        if refusal not in REFUSALS:
+            raise ValueError(f"unknown refusal wording {refusal!r}; expected one of {REFUSALS}")
         self.responder: Responder = responder or responder_for_mode("final")
         self.max_context_chars = max_context_chars
+        self.refusal = refusal
         self._host, self._port = host, port
         self._lock = threading.Lock()
         self._script: deque[Reply] = deque()
@@ -404,7 +451,8 @@ class FakeLLM:
         if self._server is None:
             raise RuntimeError("FakeLLM is not started")
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        name = host.decode() if isinstance(host, bytes) else host  # an AF_INET address: always str
+        return f"http://{name}:{port}/v1"
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -495,7 +543,7 @@ class FakeLLM:
             self._headers.append(headers)
             if limit is not None and size > limit:
                 self._refused.append(body)
-                return context_refusal(size, limit)
+                return context_refusal(size, limit, self.refusal)
             self._accepted.append(body)
             scripted = self._script.popleft() if self._script else None
         if scripted is not None:
@@ -522,9 +570,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="CHARS",
         help="refuse requests larger than this many characters with a context-length error",
     )
+    parser.add_argument("--refusal", choices=REFUSALS, default="openai", help="the context-length error's wording")
     opts = parser.parse_args(argv)
     responder = responder_for_mode(opts.mode, opts.tool, json.loads(opts.args), opts.latency, opts.chunk_delay)
-    llm = FakeLLM(responder, host=opts.host, port=opts.port, max_context_chars=opts.max_context).start()
+    llm = FakeLLM(
+        responder, host=opts.host, port=opts.port, max_context_chars=opts.max_context, refusal=opts.refusal
+    ).start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The base URL alone on the first line, so scripts can read it.
     print(llm.base_url, flush=True)

@@ -41,10 +41,20 @@ def test_a_blocked_session_says_why_and_since_when(client, auth, session):
     assert body["status"] == "blocked"
     assert body["blocked"]["reason"] == "the model provider failed 3 times: 503"
     assert body["blocked"]["attempts"] == 3
+    assert body["blocked"]["code"] is None  # recorded without a code
     since = datetime.fromisoformat(body["blocked"]["since"])
     assert since.tzinfo is not None
     assert since == session.events.get(seq=seq).created_at
     assert body["waiting"] is None
+
+
+def test_a_turn_blocked_by_a_context_overflow_says_so_in_its_code(client, auth, session):
+    log.append(session.id, "turn/start", {})
+    reason = "the request does not fit test/model's context window even after compaction: HTTP 400"
+    log.append(session.id, "turn/blocked", {"reason": reason, "attempts": 1, "code": "context_overflow"})
+    body = call(client, "GET", url(session), **auth).data
+    assert body["status"] == "blocked"
+    assert (body["blocked"]["code"], body["blocked"]["reason"]) == ("context_overflow", reason)
 
 
 def test_a_session_waiting_for_an_agent_slot_says_so(client, auth, owner):
@@ -151,6 +161,6 @@ def test_the_openapi_document_describes_retry_blocked_waiting_and_closed(client)
         "revoked",
     }
     assert {"blocked", "waiting"} <= set(schemas["SessionOut"]["required"])
-    assert set(schemas["BlockedOut"]["properties"]) == {"reason", "attempts", "since"}
+    assert set(schemas["BlockedOut"]["properties"]) == {"reason", "attempts", "code", "since"}
     assert set(schemas["WaitingOut"]["properties"]) == {"reason", "since"}
     assert set(schemas["CancelOut"]["properties"]) == {"cancelled", "closed"}

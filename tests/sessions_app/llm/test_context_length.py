@@ -18,7 +18,7 @@ import pytest
 from sessions_app.llm.openai import REDACTED, OpenAIAdapter, context_error
 from sessions_app.llm.registry import complete_utility
 from sessions_app.llm.types import ContextTooLong, ModelRejected, ModelUnavailable, TornStream
-from tests.fakes.fake_llm import FakeLLM, Reply, request_size
+from tests.fakes.fake_llm import REFUSALS, FakeLLM, Reply, request_size
 
 SPEC = "test/model"
 KEY = "sk-test-0123456789abcdef0123"
@@ -118,6 +118,58 @@ def test_the_size_counts_contents_text_parts_and_tool_calls(llm: FakeLLM, adapte
     assert err.requested_tokens == size // 4
 
 
+# What each wording states: (limit, requested) for 9,000 characters against 4,000.
+STATED = {
+    "openai": (1000, 2250),
+    "openai-no-figures": (None, None),
+    "anthropic": (1000, 2250),
+    "openrouter": (1000, 2250),
+    "bare": (None, None),
+}
+
+
+@pytest.mark.parametrize("wording", REFUSALS)
+def test_every_wording_of_the_fake_is_a_context_too_long(llm: FakeLLM, adapter: OpenAIAdapter, wording: str) -> None:
+    llm.max_context_chars = 4000
+    llm.refusal = wording
+
+    err = refusal(adapter, user(9000))
+
+    assert (err.limit_tokens, err.requested_tokens) == STATED[wording]
+    assert not err.transient and len(llm.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("wording", "body"),
+    [
+        ("bare", {"error": {"code": "context_length_exceeded"}}),
+        (
+            "anthropic",
+            {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "prompt is too long: 25 tokens > 25 maximum"},
+            },
+        ),
+        (
+            "openai-no-figures",
+            {
+                "error": {
+                    "message": "Your input exceeds the context window of this model. Please adjust your input and try "
+                    "again.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            },
+        ),
+    ],
+)
+def test_the_wordings_are_each_providers_body(llm: FakeLLM, wording: str, body: dict[str, Any]) -> None:
+    llm.max_context_chars = 100
+    llm.refusal = wording
+    response = httpx.post(f"{llm.base_url}/chat/completions", json={"model": SPEC, "messages": user(101)})
+    assert (response.status_code, response.json()) == (400, body)
+
+
 def test_the_standalone_server_takes_a_max_context() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.fake_llm", "--max-context", "40"], stdout=subprocess.PIPE, text=True
@@ -129,6 +181,23 @@ def test_the_standalone_server_takes_a_max_context() -> None:
         with pytest.raises(ContextTooLong) as caught:
             standalone.complete(SPEC, user(41), [])
         assert (caught.value.limit_tokens, caught.value.requested_tokens) == (10, 10)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=5) == 0
+
+
+def test_the_standalone_server_takes_a_wording() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.fake_llm", "--max-context", "40", "--refusal", "bare"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        standalone = OpenAIAdapter(base_url=proc.stdout.readline().strip(), retries=0)
+        with pytest.raises(ContextTooLong) as caught:
+            standalone.complete(SPEC, user(41), [])
+        assert (caught.value.limit_tokens, caught.value.requested_tokens) == (None, None)
     finally:
         proc.terminate()
         assert proc.wait(timeout=5) == 0

@@ -121,6 +121,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "model/window": [
         {"spec": "openai/gpt-4o-mini", "tokens": 128000, "source": "error"},
         {"role": "compactor", "spec": "x/y", "tokens": 8192, "source": "error"},
+        {"role": "main", "spec": "x/y", "tokens": 4096, "source": "refusal"},
     ],
     "turn/start": [{}, {"by": "alice"}],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
@@ -169,7 +170,11 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ],
     "agent/waiting": [{"reason": "full"}, {"reason": "full", "live": 8}],
     "turn/stalled": [{"attempt": 1, "error": "HTTP 503", "retry_in": 40.0}],
-    "turn/blocked": [{"reason": "model call failed", "attempts": 5}],
+    "turn/blocked": [
+        {"reason": "model call failed", "attempts": 5},
+        {"reason": "model call failed", "attempts": 5, "code": "retries_exhausted"},
+        {"reason": "does not fit", "attempts": 1, "code": "context_overflow"},
+    ],
     "turn/retry_requested": [{}, {"by": "ops"}],
     "session/forked": [
         {"parent": "5f0c2e1a-0000-4000-8000-000000000000", "at_seq": 12, "policy": "historical", "seed_upto": 9},
@@ -272,7 +277,7 @@ INVALID: dict[str, list[Any]] = {
     "agent/disposed": [{}, {"agent_id": ""}, {"agent_id": "a", "reason": "bored"}],
     "agent/waiting": [{}, {"reason": "x", "live": -1}],
     "turn/stalled": [{"attempt": 0, "error": "e", "retry_in": 1}, {"attempt": 1}],
-    "turn/blocked": [{"reason": "r"}, {"attempts": 1}],
+    "turn/blocked": [{"reason": "r"}, {"attempts": 1}, {"reason": "r", "attempts": 1, "code": "overflow"}],
     "turn/retry_requested": [{"by": 1}],
     "session/forked": [
         {"parent": "p", "at_seq": 1, "policy": "historical"},

@@ -1,7 +1,8 @@
 """Summaries that scale: a history many times the compactor's window is
 summarized in chunks and merged; oversize parts are cut with a marker; a
-compactor that refuses a request as too long is tried once more with a
-smaller budget; Morph gets input within its limit; every request's usage is
+compactor that refuses a request as too long is tried again with a
+smaller budget (the stated limit, or the refused request halved, down to a
+floor); Morph gets input within its limit; every request's usage is
 recorded; the task survives any number of compactions verbatim; and a
 compaction can run inside an open turn, under the turn's lease.
 
@@ -299,6 +300,54 @@ def test_compactor_refusing_again_fails_and_keeps_the_usage(fake_llm: Any, sessi
     # nothing but the usage of the two answered requests
     assert kinds(session, head) == ["usage/recorded", "usage/recorded"]
     assert derive_messages(session.id)[0] == {"role": "user", "content": FIRST}
+
+
+def test_a_compactor_refusing_without_figures_is_tried_with_halved_windows(
+    fake_llm: Any, session: Session, profile: AgentProfile, settings: Any
+) -> None:
+    """Issue 27: a bare `context_length_exceeded` used to get one more try at
+    a fixed half of the default window (50,000 tokens), then give up. Now
+    each refusal halves the refused request's estimate, until the requests fit."""
+    settings.TERRET_CONTEXT_FLOOR_TOKENS = 1_000
+    profile.context_windows = {}  # nothing declared: the default window, 100,000 tokens
+    profile.save()
+    fake_llm.max_context_chars = 8_000
+    fake_llm.refusal = "bare"
+    add_turn(session, FIRST)
+    for t in range(20):
+        add_turn(session, f"turn {t}", tools=2, result_chars=500, tag=f"h{t}")
+    head = Session.objects.values_list("last_seq", flat=True).get(id=session.id)
+    fake_llm.responder = numbered
+
+    result = compaction.compact(session.id, manual=True)
+
+    assert result is not None and result.summary.startswith(preamble())
+    refused = fake_llm.refused
+    assert len(refused) >= 2, "refused at the default window, and again at half the first refusal"
+    sizes = [request_size(b) for b in refused]
+    assert sizes == sorted(sizes, reverse=True) and sizes[1] <= sizes[0] // 2 + 1_000  # halved, then halved again
+    assert all(request_size(b) <= 8_000 for b in fake_llm.accepted) and len(fake_llm.accepted) > 2
+    (window,) = events(session, "model/window")
+    assert window["source"] == "refusal" and window["role"] == "compactor" and window["spec"] == COMPACTOR
+    assert 1_000 <= window["tokens"] <= 8_000 // 3  # within what the model took, in our estimate's units
+    assert kinds(session, head).count("usage/recorded") == len(fake_llm.accepted)
+
+
+def test_a_compactor_refused_at_the_floor_gives_up(fake_llm: Any, session: Session, profile: AgentProfile) -> None:
+    profile.context_windows = {}
+    profile.save()
+    fake_llm.max_context_chars = 2_000  # 500 tokens: under any window above the floor (4,096)
+    fake_llm.refusal = "openai-no-figures"
+    add_turn(session, FIRST)
+    for t in range(20):
+        add_turn(session, f"turn {t}", tools=2, result_chars=500, tag=f"g{t}")
+
+    with pytest.raises(SummarizerFailed) as failed:
+        compaction.compact(session.id, manual=True)
+
+    assert "no smaller window is left to try above the floor of 4096 tokens" in str(failed.value)
+    assert fake_llm.accepted == [] and 2 <= len(fake_llm.refused) <= 6  # halved down to the floor, then no more
+    assert events(session, "session/compacted") == []
 
 
 def test_in_turn_compaction_reports_a_refusal_instead_of_raising(fake_llm: Any, session: Session) -> None:

@@ -109,6 +109,16 @@ def test_stalls_and_retries_are_shown(chat: Session) -> None:
     assert 'data-status="running"' in facts(html)  # the retry cleared the block
 
 
+def test_a_context_overflow_says_what_does_not_fit(chat: Session) -> None:
+    log.append(chat.id, "turn/start", {})
+    reason = "the request does not fit test/model's context window even after compaction: HTTP 400"
+    log.append(chat.id, "turn/blocked", {"reason": reason, "attempts": 1, "code": "context_overflow"})
+    shown = facts(page(client_for(chat.owner), chat))
+    assert 'data-status="blocked"' in shown and 'id="retry-button"' in shown
+    assert "the request does not fit the model's context window: the request does not fit test/model" in shown
+    assert "after 1 attempt" not in shown
+
+
 # ------------------------------------------------------------------ the retry view
 
 
