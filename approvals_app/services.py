@@ -28,6 +28,7 @@ from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import can_approve, is_reviewer
 from sessions_app.runtime import dispatch
 from sessions_app.tools.registry import registry_for_profile
+from sessions_app.validation import clean_text, int_in_column
 
 VERDICTS = ("approve", "deny")
 MAX_REASON_CHARS = 2000
@@ -44,7 +45,7 @@ def check_session_id(session_id: Any) -> uuid.UUID:
 def check_call_id(call_id: Any) -> str:
     if not isinstance(call_id, str) or not call_id.strip() or len(call_id) > MAX_CALL_ID_CHARS:
         raise InvalidInput(f"call id must be a non-empty string of at most {MAX_CALL_ID_CHARS} characters")
-    return call_id
+    return clean_text("call id", call_id)  # from a URL path, where %00 is a NUL; it reaches a query
 
 
 def check_verdict(verdict: Any) -> str:
@@ -56,9 +57,7 @@ def check_verdict(verdict: Any) -> str:
 def check_reason(reason: Any) -> str:
     if reason is None:
         return ""
-    if not isinstance(reason, str):
-        raise InvalidInput("reason must be a string")
-    reason = reason.strip()
+    reason = clean_text("reason", reason).strip()
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidInput(f"reason is longer than {MAX_REASON_CHARS} characters")
     return reason
@@ -71,9 +70,9 @@ def check_request_seq(seq: Any) -> int | None:
         value = int(seq)
     except (TypeError, ValueError):
         raise InvalidInput("request seq must be a positive integer") from None
-    if isinstance(seq, bool) or value < 1:
+    if isinstance(seq, bool):
         raise InvalidInput("request seq must be a positive integer")
-    return value
+    return int_in_column("request seq", value, Event._meta.get_field("seq"), minimum=1)
 
 
 def check_edited_args(edited: Any, verdict: str) -> dict[str, Any] | None:

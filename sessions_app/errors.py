@@ -3,9 +3,12 @@
 Each `TerretError` has a stable `code` and HTTP `status`, which the JSON API
 and the socket frames render the same way (sessions_app/api/errors.py adds
 the errors of the protocol itself: bad JSON, a frame too large, no token).
-The log's own failures (an unknown kind, a bad payload, a missing session, a
-superseded lease) are not TerretErrors: they come from the bottom of the
-stack, and interfaces map the ones a client can cause (api/errors.as_error).
+Every domain error a client can cause is a TerretError, so every door (API,
+sockets, pages, /lg/) maps it to its status and code without a list of its
+own. The log's refusals (an unknown kind, a bad payload, a missing session)
+are TerretErrors too, and stay ValueError / LookupError for the code that
+catches them as such; a superseded lease and an attempt to change an event
+are not: no client causes them, and a door answers them 500.
 
 This module imports nothing of the project, so every layer may import it;
 approvals_app and policies_app have no errors module of their own.
@@ -13,19 +16,35 @@ approvals_app and policies_app have no errors module of their own.
 
 from __future__ import annotations
 
+
+class TerretError(Exception):
+    code = "error"
+    status = 400
+
+
 # ---------------------------------------------------------------- the log
 
 
-class UnknownEventKind(ValueError):
+class UnknownEventKind(TerretError, ValueError):
     """The log's catalogue has no such kind; nothing was written."""
 
+    code = "unknown_event_kind"
+    status = 400
 
-class InvalidPayload(ValueError):
-    """The payload does not match its kind's schema (or holds a NUL); nothing was written."""
+
+class InvalidPayload(TerretError, ValueError):
+    """The payload does not match its kind's schema (or holds a NUL or a lone
+    surrogate, or is too large); nothing was written."""
+
+    code = "invalid_payload"
+    status = 400
 
 
-class SessionNotFound(LookupError):
-    pass
+class SessionNotFound(TerretError, LookupError):
+    """The log has no such session (the same code as UnknownSession)."""
+
+    code = "unknown_session"
+    status = 404
 
 
 class LeaseLost(RuntimeError):
@@ -37,11 +56,6 @@ class ImmutableEventError(RuntimeError):
 
 
 # ---------------------------------------------------------------- the domain
-
-
-class TerretError(Exception):
-    code = "error"
-    status = 400
 
 
 class InvalidInput(TerretError):

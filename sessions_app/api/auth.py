@@ -25,6 +25,7 @@ from ninja.utils import check_csrf
 
 from sessions_app.api.errors import CsrfFailed, Unauthenticated
 from sessions_app.models import ApiToken
+from sessions_app.validation import clean_text
 
 TOKEN_PREFIX = "trt_"  # noqa: S105 - a public marker, not a secret
 PREFIX_LEN = 12
@@ -42,6 +43,7 @@ def hash_token(raw: str) -> str:
 def issue_token(user: Any, name: str = "") -> tuple[ApiToken, str]:
     """Create a token for `user`. Returns the row and the token itself, which
     is not stored anywhere and cannot be recovered later."""
+    name = clean_text("a token name", name)  # InvalidInput before the row: its column cannot hold NUL
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(user=user, name=name[:100], prefix=raw[:PREFIX_LEN], key_hash=hash_token(raw))
     return token, raw

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
-from sessions_app.log import SessionNotFound
 
 __all__ = [
     "BadFrame",
@@ -82,12 +81,11 @@ class InternalError(TerretError):
 
 
 def as_error(exc: BaseException) -> TerretError:
-    """The TerretError a failure is reported as. Unknown exceptions are bugs:
-    the caller logs them; the client only learns `internal_error`."""
+    """The TerretError a failure is reported as (every domain error is one,
+    the log's refusals included). Anything else is a bug: the caller logs it;
+    the client only learns `internal_error`."""
     if isinstance(exc, TerretError):
         return exc
-    if isinstance(exc, SessionNotFound):
-        return UnknownSession(str(exc))
     return InternalError("internal error")
 
 

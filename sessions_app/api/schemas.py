@@ -12,12 +12,13 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sessions_app.log.catalogue import MODEL_ROLES, RESOLUTIONS, has_nul
+from sessions_app.log.catalogue import MODEL_ROLES, RESOLUTIONS
 from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.services.budgets import MAX_COST_USD, MAX_COUNT
 from sessions_app.services.effects import MAX_REASON_CHARS as MAX_RESOLVE_REASON_CHARS
 from sessions_app.services.effects import MAX_RESULT_CHARS
 from sessions_app.services.operators import MAX_REASON_CHARS as MAX_OPS_REASON_CHARS
+from sessions_app.validation import json_problem
 
 MAX_KEY_CHARS = 200
 MAX_REASON_CHARS = 2000
@@ -52,11 +53,13 @@ class In(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        # PostgreSQL cannot store NUL in text or jsonb: refuse it up front
-        # with a 4xx instead of failing deep inside a query.
-        if has_nul(data):
-            raise ValueError("strings must not contain NUL (\\u0000) characters")
+    def _storable_text(cls, data: Any) -> Any:
+        # PostgreSQL cannot store NUL in text or jsonb, nor UTF-8 encode a lone
+        # surrogate (in a free-form field such as edited_args): refuse either
+        # up front with a 4xx instead of failing deep inside a query.
+        problem = json_problem(data)
+        if problem is not None:
+            raise ValueError(f"strings {problem}")
         return data
 
 

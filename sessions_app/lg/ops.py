@@ -25,6 +25,7 @@ from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import is_reviewer
 from sessions_app.services import forks
+from sessions_app.validation import clean_text
 
 STATE_WINDOW = 5000
 PENDING_WINDOW = 200
@@ -277,7 +278,7 @@ def search_threads(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
         qs = qs.filter(id__in=wanted)
     graph = (body.get("metadata") or {}).get("graph_id") if isinstance(body.get("metadata"), dict) else None
     if graph:
-        qs = qs.filter(profile__name=str(graph))
+        qs = qs.filter(profile__name=clean_text("metadata.graph_id", str(graph)))
     status = body.get("status")
     rows = list(qs[offset : offset + limit]) if not status else _by_status(qs, str(status), offset, limit)
     return [thread(s, values=True) for s in rows]
@@ -321,7 +322,7 @@ def search_assistants(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     qs = ops.usable_profiles(user)
     for key in ("graph_id", "name"):
         if body.get(key):
-            qs = qs.filter(name=str(body[key]))
+            qs = qs.filter(name=clean_text(key, str(body[key])))
     return [assistant(p) for p in qs[offset : offset + limit]]
 
 

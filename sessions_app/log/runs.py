@@ -22,6 +22,7 @@ from sessions_app.errors import InvalidPayload
 from sessions_app.log import catalogue
 from sessions_app.log.records import Fence
 from sessions_app.log.sql import Sql
+from sessions_app.validation import has_lone_surrogate
 
 SESSION_TABLE = "sessions_app_session"
 EVENT_TABLE = "sessions_app_event"
@@ -89,6 +90,9 @@ def prepare(kind: str, data: dict[str, Any]) -> Item:
         # jsonb (and so the log on Postgres) cannot hold NUL; refuse on every
         # backend so both behave the same.
         raise InvalidPayload(f"{kind}: strings must not contain NUL characters")
+    if has_lone_surrogate(payload):
+        # UTF-8 cannot encode one: the driver would fail mid-write on either backend.
+        raise InvalidPayload(f"{kind}: strings must not contain lone surrogates (\\ud800 to \\udfff)")
     return Item(kind, data, spec, payload)
 
 

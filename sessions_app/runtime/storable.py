@@ -1,9 +1,10 @@
 """Making model output and tool results storable as they are.
 
-The log refuses NUL (PostgreSQL text cannot hold one) and every event must
-fit a socket frame, but a model or a tool may produce either. Neither is a
-reason to fail a turn: NUL is escaped (as the six characters `\\u0000`) and
-text over its limit is cut, with a marker saying how much was cut. The
+The log refuses NUL (PostgreSQL text cannot hold one) and lone surrogates
+(UTF-8 cannot encode one), and every event must fit a socket frame, but a
+model or a tool may produce any of these. None is a reason to fail a turn:
+NUL is escaped (as the six characters `\\u0000`), a lone surrogate becomes
+U+FFFD, and text over its limit is cut, with a marker saying how much was cut. The
 limits are settings: TERRET_MAX_MODEL_TEXT_CHARS (a reply's text),
 TERRET_MAX_TOOL_ARGS_CHARS (one call's arguments), TERRET_MAX_TOOL_RESULT_CHARS
 (one result), and TERRET_MAX_EVENT_BYTES for the whole event. A tool
@@ -21,6 +22,8 @@ from typing import Any
 
 from django.conf import settings
 
+from sessions_app.validation import without_surrogates
+
 CUT_MARK = "\n[… cut by Terret: {n} more characters]"
 # Defaults of the image limits (settings of the same names override them).
 MAX_TOOL_IMAGES = 4
@@ -32,7 +35,8 @@ IMAGE_LEFT_OUT = "\n[image {n} ({mime}, {chars} base64 characters) left out by T
 
 
 def escape_nul(text: str) -> str:
-    return text.replace("\x00", "\\u0000") if "\x00" in text else text
+    """`text` storable: NUL escaped, lone surrogates replaced."""
+    return without_surrogates(text.replace("\x00", "\\u0000") if "\x00" in text else text)
 
 
 def fit(text: str, limit: int) -> str:

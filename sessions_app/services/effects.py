@@ -20,6 +20,7 @@ from sessions_app.errors import EffectNotPending, InvalidInput, UnknownEffect
 from sessions_app.log.catalogue import RESOLUTIONS
 from sessions_app.runtime import dispatch
 from sessions_app.runtime.effects import Effect, call_effects, effects
+from sessions_app.validation import clean_text
 
 __all__ = ["MAX_REASON_CHARS", "MAX_RESULT_CHARS", "Effect", "check_resolution", "effects", "resolve"]
 
@@ -33,8 +34,8 @@ def check_resolution(action: Any, result: Any, reason: Any) -> tuple[str, str, s
     for name, value, limit in (("result", result, MAX_RESULT_CHARS), ("reason", reason, MAX_REASON_CHARS)):
         if value is not None and not isinstance(value, str):
             raise InvalidInput(f"{name} must be a string")
-        if value and ("\x00" in value or len(value) > limit):
-            raise InvalidInput(f"{name} must be at most {limit} characters, without NUL")
+        if value and len(clean_text(name, value)) > limit:
+            raise InvalidInput(f"{name} must be at most {limit} characters")
     if result and action == "rerun":
         raise InvalidInput("a rerun takes no result: the tool's own run gives it")
     return action, result or "", reason or ""
@@ -45,6 +46,7 @@ def resolve(
 ) -> Effect:
     """Resolve the newest unknown attempt of `call_id`; returns it as it was."""
     action, result, reason = check_resolution(action, result, reason)
+    call_id = clean_text("call id", call_id)  # from a URL path, where %00 is a NUL; it reaches a query
     if not by:
         raise InvalidInput("a resolution names its actor")
     with log.locked(session_id) as tx:

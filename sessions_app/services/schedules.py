@@ -33,6 +33,7 @@ from sessions_app.models import AgentProfile, Schedule, Session
 from sessions_app.runtime.schedules import LIVE, next_after
 from sessions_app.services.inputs import MAX_INPUT_CHARS
 from sessions_app.tools import schedules as schedule_tools
+from sessions_app.validation import clean_text, int_in_column
 
 MISFIRES = Schedule.MISFIRES
 MAX_KEY_CHARS = 200
@@ -65,9 +66,8 @@ class Spec:
 def _int(value: Any, name: str, *, minimum: int = 1) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInput(f"{name} must be an integer of at least {minimum}")
-    return value
+    # Within the column too: past it, the insert would fail (PostgreSQL) after the checks passed.
+    return int_in_column(name, value, Schedule._meta.get_field(name), minimum=minimum)
 
 
 def _when(value: Any) -> datetime | None:
@@ -95,8 +95,11 @@ def check_spec(profile: AgentProfile | None, body: dict[str, Any], *, now: datet
     text = body.get("text")
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("text must be a non-empty string")
-    if len(text) > MAX_INPUT_CHARS or "\x00" in text:
-        raise InvalidInput(f"text must be at most {MAX_INPUT_CHARS} characters, without NUL")
+    if len(text) > MAX_INPUT_CHARS:
+        raise InvalidInput(f"text must be at most {MAX_INPUT_CHARS} characters")
+    for name in ("text", "cron", "reason"):
+        if isinstance(body.get(name), str):
+            clean_text(name, body[name])
     due_at = _when(body.get("due_at"))
     every = _int(body.get("every_seconds"), "every_seconds")
     cron = body.get("cron") or ""
@@ -168,6 +171,8 @@ def create(
     key = idempotency_key or body.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS):
         raise InvalidInput(f"idempotency_key must be 1..{MAX_KEY_CHARS} characters")
+    if key is not None:
+        clean_text("idempotency_key", key)
     now = timezone.now()
     spec = check_spec(session.profile, body, now=now)
     with log.locked(session.id) as tx:

@@ -18,6 +18,7 @@ from sessions_app.log.catalogue import MODEL_ROLES
 from sessions_app.models import Agent, AgentProfile, Session
 from sessions_app.runtime import dispatch, registry
 from sessions_app.services import schedules, titling
+from sessions_app.validation import clean_text
 
 
 def create_session(owner: Any, profile: AgentProfile, *, agent_id: str | None = None) -> Session:
@@ -62,7 +63,7 @@ def rename_session(session_id: uuid.UUID | str, title: str, *, by: str) -> log.A
     """A new `session/titled` by a person. The title column follows the
     latest one, so this wins over the titler's (which only titles a session
     that has none) and over any earlier rename."""
-    clean = titling.clean(title)
+    clean = titling.clean(clean_text("a title", title))
     if not clean:
         raise InvalidInput("a title needs some text (one line, at most 80 characters)")
     if len(" ".join(str(title).split())) > titling.TITLE_MAX:

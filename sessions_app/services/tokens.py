@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ApiToken
+from sessions_app.validation import clean_text
 
 TOKEN_PREFIX = "trt_"  # noqa: S105 - a public marker, not a secret
 PREFIX_LEN = 12
@@ -35,7 +36,7 @@ def create_token(user: Any, name: str) -> tuple[ApiToken, str]:
     itself, which is not stored and cannot be shown again."""
     if not getattr(user, "is_active", False):
         raise InvalidInput("an inactive user's tokens would not work")
-    label = " ".join(str(name or "").split())
+    label = " ".join(clean_text("a token name", str(name or "")).split())
     if not label:
         raise InvalidInput("give the token a name, e.g. 'laptop' or 'ci bot'")
     if len(label) > MAX_NAME_CHARS:

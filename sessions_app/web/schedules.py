@@ -1,7 +1,8 @@
 """The session page's schedules panel: its list, a form to schedule a
 wake-up, and a cancel button per live schedule. Thin views over
 services/schedules.py; htmx gets the panel back (200, so it swaps, with
-the error in it), a plain POST a redirect to the chat with a message.
+the error in it and its code in X-Terret-Error), a plain POST a redirect to
+the chat with a message.
 """
 
 from __future__ import annotations
@@ -71,10 +72,15 @@ def _session(request: HttpRequest, session_id: uuid.UUID) -> Session:
     return session
 
 
-def _answer(request: HttpRequest, session: Session, *, notice: str = "", error: str = "", form: Any = None) -> Any:
+def _answer(
+    request: HttpRequest, session: Session, *, notice: str = "", error: str = "", code: str = "", form: Any = None
+) -> Any:
     if getattr(request, "htmx", False):
         context = panel_context(session, request.user, form=form, schedule_notice=notice, schedule_error=error)
-        return render(request, PANEL, context)
+        response = render(request, PANEL, context)
+        if error:
+            response["X-Terret-Error"] = code or "invalid_input"  # 200, so htmx swaps; the code says it was refused
+        return response
     (messages.error if error else messages.info)(request, error or notice)
     return redirect("sessions:chat", session_id=session.id)
 
@@ -90,7 +96,7 @@ def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     try:
         made, _ = schedules.create(session.id, form.body(), by=str(request.user.get_username()))
     except TerretError as exc:
-        return _answer(request, session, error=f"Nothing scheduled: {exc}", form=form)
+        return _answer(request, session, error=f"Nothing scheduled: {exc}", code=exc.code, form=form)
     when = made.due_at.strftime("%Y-%m-%d %H:%M:%S UTC") if made.due_at else "never"
     return _answer(request, session, notice=f"Scheduled; first wake-up {when}.")
 
@@ -102,7 +108,7 @@ def cancel(request: HttpRequest, session_id: uuid.UUID, schedule_id: uuid.UUID) 
     try:
         schedules.cancel(session.id, schedule_id, by=str(request.user.get_username()))
     except TerretError as exc:
-        return _answer(request, session, error=f"Not cancelled: {exc}")
+        return _answer(request, session, error=f"Not cancelled: {exc}", code=exc.code)
     return _answer(request, session, notice="Schedule cancelled.")
 
 

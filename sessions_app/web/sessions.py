@@ -389,11 +389,11 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     title itself follows over the socket. A plain POST redirects back."""
     session = _drivable(request, session_id)
     title = request.POST.get("title", "")
-    notice = error = ""
+    notice = error = code = ""
     try:
         session_services.rename_session(session.id, title, by=request.user.get_username())
     except TerretError as exc:
-        error = str(exc)
+        error, code = str(exc), exc.code
     else:
         notice = "Renamed."
     if getattr(request, "htmx", False):
@@ -406,7 +406,7 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         }
         response = render(request, "sessions/chat.html#manage", context)
         if error:
-            response["X-Terret-Error"] = "invalid_input"
+            response["X-Terret-Error"] = code
         return response
     if error:
         messages.error(request, f"Not renamed: {error}")

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from sessions_app.api.auth import issue_token
+from sessions_app.errors import InvalidInput
 
 
 class Command(BaseCommand):
@@ -26,6 +27,9 @@ class Command(BaseCommand):
             raise CommandError(f"no user {options['username']!r}")
         if not user.is_active:
             raise CommandError(f"user {options['username']!r} is inactive; its tokens would not work")
-        token, raw = issue_token(user, options["name"])
+        try:
+            token, raw = issue_token(user, options["name"])
+        except InvalidInput as exc:  # a name undecodable from argv arrives with lone surrogates
+            raise CommandError(str(exc)) from None
         self.stdout.write(raw)
         self.stderr.write(f"token {token.prefix}… for {user.get_username()}: store it now, it is not kept")

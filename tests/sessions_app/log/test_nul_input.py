@@ -30,6 +30,20 @@ def test_append_refuses_nul_anywhere_in_the_payload(make_session: Any) -> None:
     assert Event.objects.filter(session=session).count() == 1
 
 
+def test_append_refuses_a_lone_surrogate_anywhere_in_the_payload(make_session: Any) -> None:
+    session = make_session()
+    with pytest.raises(InvalidPayload, match="lone surrogates"):
+        log.append(session.id, "user/message", {"text": "a\ud800b"})
+    with pytest.raises(InvalidPayload, match="lone surrogates"):
+        log.append_many(
+            session.id,
+            [("turn/start", {}), ("approval/requested", {"call_id": "c", "name": "n", "args": {"k\udfff": 1}})],
+        )
+    assert not Event.objects.filter(session=session).exists()
+    log.append(session.id, "user/message", {"text": "JSON's pair \\ud83d\\ude00 decodes to one character: 😀"})
+    assert Event.objects.filter(session=session).count() == 1
+
+
 def test_inject_refuses_nul(make_user: Any, settings: Any) -> None:
     settings.TERRET_WORKER = "manual"
     session = services.create_session(make_user(), AgentProfile.objects.create(name="nul"))

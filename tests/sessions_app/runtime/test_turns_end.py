@@ -226,6 +226,15 @@ def test_nul_and_oversize_model_output_are_stored_not_fatal(fake_llm: Any, sessi
     assert len(final) <= 5_000 and final.endswith(CUT_MARK.format(n=12_000 - (5_000 - len(CUT_MARK.format(n=12_000)))))
 
 
+def test_a_lone_surrogate_in_model_output_is_stored_as_a_replacement_character(fake_llm: Any, session: Session) -> None:
+    # The provider's JSON may carry a lone \\ud800 escape; UTF-8 cannot encode it, and the log refuses it.
+    fake_llm.script(Reply(text="half:\ud800:end"))
+    services.run_turn(session.id, "hi")
+    assert drive(session.id) == "ended"
+    assert events(session, "assistant/message")[0]["content"] == "half:\ufffd:end"
+    assert ended(session)["status"] == "completed"
+
+
 def test_a_ten_megabyte_answer_is_cut_and_the_next_request_carries_the_cut(
     fake_llm: Any, session: Session, settings: Any
 ) -> None:
