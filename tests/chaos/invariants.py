@@ -72,7 +72,15 @@ def read_events(db_url: str, sid: str, timeout: float = 60.0) -> list[Ev]:
 
 
 def session_row(db_url: str, sid: str, timeout: float = 60.0) -> dict[str, Any]:
-    cols = ("open_turn_seq", "inbox_seq", "last_input_seq", "held_seq", "lease_owner", "pending_approvals")
+    cols = (
+        "open_turn_seq",
+        "inbox_seq",
+        "last_input_seq",
+        "held_seq",
+        "lease_owner",
+        "pending_approvals",
+        "queued_follow_ups",
+    )
     rows = query(db_url, f"SELECT {', '.join(cols)} FROM {SESSION_TABLE} WHERE id = %s", [sid], timeout)
     if not rows:
         raise AssertionError(f"no session {sid}")
@@ -94,9 +102,11 @@ def query(db_url: str, sql: str, params: list[Any], timeout: float = 60.0) -> li
 
 
 def settled(db_url: str, sid: str) -> bool:
-    """No open turn and no input waiting to be taken in (held input counts as settled: it is visible)."""
+    """No open turn and no input waiting to be taken in: no steer, no
+    follow-up owed a turn (held input counts as settled: it is visible)."""
     row = session_row(db_url, sid)
-    waiting = row["last_input_seq"] > row["inbox_seq"] and row["held_seq"] is None
+    pending = row["last_input_seq"] > row["inbox_seq"] or row["queued_follow_ups"] > 0
+    waiting = pending and row["held_seq"] is None
     return row["open_turn_seq"] is None and not waiting
 
 
