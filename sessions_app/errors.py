@@ -51,6 +51,12 @@ class LeaseLost(RuntimeError):
     """The caller's lease generation is no longer current: another worker owns the session."""
 
 
+class TurnAlreadyOpen(RuntimeError):
+    """A batch holding turn/start met a session whose turn is still open: the
+    log keeps at most one turn open, and refused it (nothing was written).
+    Whoever meant to open a turn queues behind the open one instead."""
+
+
 class ImmutableEventError(RuntimeError):
     """Events are append-only: they can be neither changed nor deleted."""
 

@@ -19,6 +19,13 @@ one, and on PostgreSQL a trigger refuses UPDATE and DELETE from any client):
   locked and `tx.append(kind, data)` appends under it. Nothing external
   (model calls, group sends, task dispatch) belongs inside.
 
+At most one turn is open: a run holding `turn/start` is written only while
+the session row has no open turn (`open_turn_seq`), decided by the write's
+own row lock in the same statement. A guarded batch that finds a turn open
+writes nothing (an empty list, as for its guard); any other write raises
+`TurnAlreadyOpen`, whether through `append_many`, `append` or `tx.append`.
+The caller then queues behind the open turn.
+
 `refusal(kind, data)` says why a write would be refused (None: it would
 not be), writing nothing: for code that must keep what it can of a batch.
 
@@ -40,7 +47,7 @@ session (fanout.py), and a hint goes to the session's channel-layer group
 
 from __future__ import annotations
 
-from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, UnknownEventKind
+from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, TurnAlreadyOpen, UnknownEventKind
 from sessions_app.log.fanout import on_event
 from sessions_app.log.records import AppendedEvent, Fence, LoggedEvent, Workload
 from sessions_app.log.runs import GUARDS, Guard
@@ -57,6 +64,7 @@ __all__ = [
     "LoggedEvent",
     "SessionNotFound",
     "SessionTx",
+    "TurnAlreadyOpen",
     "UnknownEventKind",
     "Workload",
     "append",

@@ -54,6 +54,12 @@ GUARDS: dict[str, str] = {
     "policy_at": "COALESCE(policy_seq, 0) = %s",
 }
 Guard = str | tuple[str, Any]
+# At most one turn is open: every run that carries a turn/start is written
+# only while the row has no open turn, decided by the run's own row lock (in
+# the same WHERE as the fence and the guard: no statement of its own). A
+# guarded batch that finds a turn open writes nothing, as for any failed
+# guard; an unguarded one raises TurnAlreadyOpen (writer._nothing_written).
+NO_OPEN_TURN = "open_turn_seq IS NULL"
 
 
 def guard_sql(guard: Guard) -> Sql:
@@ -121,9 +127,16 @@ class Run:
         where = Sql("id = %s", session_param)
         if self.fence is not None:
             where.add(" AND lease_gen = %s", self.fence.gen)
-        if self.guard is not None:
-            where.add(" AND ").extend(guard_sql(self.guard))
+        guard = guard_sql(self.guard) if self.guard is not None else None
+        if guard is not None:
+            where.add(" AND ").extend(guard)
+        if self.opens_turn and (guard is None or NO_OPEN_TURN not in guard.text):
+            where.add(f" AND {NO_OPEN_TURN}")
         return where
+
+    @property
+    def opens_turn(self) -> bool:
+        return any(item.kind == "turn/start" for item in self.items)
 
 
 def split(

@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, UnknownEventKind
+from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, TurnAlreadyOpen, UnknownEventKind
 from sessions_app.log import backends, fanout, hints, runs
 from sessions_app.log.records import WORKLOAD_COLUMNS, AppendedEvent, Fence, Workload
 from sessions_app.log.runs import Guard, Run
@@ -146,14 +146,19 @@ def _events(run: Run, rows: list[dict[str, Any]]) -> list[AppendedEvent]:
 
 def _nothing_written(run: Run) -> None:
     """The session row did not match: returns if it was the guard, raises
-    SessionNotFound or LeaseLost otherwise."""
-    current = Session.objects.filter(id=run.session_id).values_list("lease_gen", flat=True).first()
-    if current is None:
+    SessionNotFound, LeaseLost or TurnAlreadyOpen otherwise. (Only on this
+    path is the row read again: a write that lands costs no read.)"""
+    row = Session.objects.filter(id=run.session_id).values_list("lease_gen", "open_turn_seq").first()
+    if row is None:
         raise SessionNotFound(f"no session {run.session_id}")
+    current, open_turn = row
     if run.fence is not None and current != run.fence.gen:
         raise LeaseLost(f"session {run.session_id}: lease generation {run.fence.gen} superseded by {current}")
-    if run.guard is None:
-        raise LeaseLost(f"session {run.session_id}: the row did not match lease generation {current}")
+    if run.guard is not None:
+        return
+    if run.opens_turn:  # the fence held, so the open turn was why (it may have closed since)
+        raise TurnAlreadyOpen(f"session {run.session_id}: a turn was open ({open_turn}); turn/start refused")
+    raise LeaseLost(f"session {run.session_id}: the row did not match lease generation {current}")
 
 
 # ---------------------------------------------------------------- locked

@@ -18,38 +18,44 @@ from sessions_app.runtime import tracing
 def open_turn(tx: log.SessionTx, text: str | None, by: str) -> int:
     """turn/start, then whatever input waits, then the new text; returns the
     turn/start seq. With `text` None (a worker opening a turn for woken
-    input), the first woken item becomes the turn's user/message.
+    input), the first waiting follow-up, or else the first woken steer,
+    becomes the turn's user/message. TurnAlreadyOpen (nothing written) when
+    a turn is open: the log refuses a second one, and the caller queues.
 
     What a turn's opening takes in, in arrival order (docs/protocol.md,
     "Lanes"): every waiting steer, and the deferred lane up to and including
     its first follow-up (passive writes before it as context, the follow-up
     as the turn's message). Later passive writes and follow-ups wait for the
-    turn after: one follow-up per turn, so each gets its own answer. Taking a
-    prefix of each lane is what lets both lanes keep a plain cursor.
+    turn after: one follow-up per turn, so each gets its own answer. A turn
+    opened for new `text` stops before the first follow-up: a follow-up is
+    never anyone's context. Taking a prefix of each lane is what lets both
+    lanes keep a plain cursor.
     """
     start = tx.append("turn/start", tracing.turn_start({"by": by} if by else {}))
     row = tx.row
     # The cursors say whether anything waits, without a read.
     steers = pending_inputs(tx.session_id, row["inbox_seq"]) if row["last_input_seq"] > row["inbox_seq"] else []
     deferred: list[LoggedEvent] = []
+    follow_up: LoggedEvent | None = None
     if row["deferred_seq"] > row["deferred_cursor"]:
         for item in pending_deferred(tx.session_id, row["deferred_cursor"]):
-            deferred.append(item)
             if item.data["lane"] == "follow_up":
+                follow_up = item if text is None else None
                 break
-    for item in sorted([*steers, *deferred], key=lambda e: e.seq):
-        lane = item.data.get("lane")
-        woken = item.data.get("wake") or lane == "follow_up"
-        kind = "user/message" if text is None and woken else "context/injected"
+            deferred.append(item)
+    opener = None if text is not None else (follow_up or _first_woken(steers))
+    for item in sorted([*steers, *deferred, *([follow_up] if follow_up else [])], key=lambda e: e.seq):
         data: dict[str, Any] = {"text": item.data["text"], "source_seq": item.seq}
-        if lane:
-            data["lane"] = lane
-        tx.append(kind, data)
-        if kind == "user/message":
-            text = ""  # the first woken item opened the turn; the rest ride along
+        if item.data.get("lane"):
+            data["lane"] = item.data["lane"]
+        tx.append("user/message" if item is opener else "context/injected", data)
     if text:
         tx.append("user/message", {"text": text})
     return start.seq
+
+
+def _first_woken(steers: list[LoggedEvent]) -> LoggedEvent | None:
+    return next((item for item in steers if item.data.get("wake")), None)
 
 
 def defer(tx: log.SessionTx, text: str, lane: str, by: str, key: str | None = None, **extra: Any) -> AppendedEvent:

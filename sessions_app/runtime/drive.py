@@ -156,13 +156,19 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
         if over is not None:
             hold_input(sid, lease, over)
             return Outcome.IDLE, None
-        with log.locked(sid, fence=lease.fence) as tx:
-            if not admission.has_woken_input(sid, tx.row["inbox_seq"], follow_ups=tx.row["queued_follow_ups"]):
-                return Outcome.IDLE, None
-            turn_seq = admission.open_turn(tx, None, "")
-            # The row as the turn opens, not as claimed: a policy or model
-            # change in between precedes the turn, so the load would not see it.
-            lease.driving = leases.driving_from_row(profile, tx.row)
+        try:
+            with log.locked(sid, fence=lease.fence) as tx:
+                if not admission.has_woken_input(sid, tx.row["inbox_seq"], follow_ups=tx.row["queued_follow_ups"]):
+                    return Outcome.IDLE, None
+                turn_seq = admission.open_turn(tx, None, "")
+                # The row as the turn opens, not as claimed: a policy or model
+                # change in between precedes the turn, so the load would not see it.
+                lease.driving = leases.driving_from_row(profile, tx.row)
+        except log.TurnAlreadyOpen:
+            # Admission opened a turn since the claim (the web process needs no
+            # lease for that): the woken input queues behind it, and the
+            # release's workload names the open turn, so the next round drives it.
+            return Outcome.IDLE, None
     runner = TurnRunner(sid, profile, lease)
     return runner.run(turn_seq), runner
 

@@ -525,6 +525,9 @@ def wake_again(session_id: uuid.UUID, *, by: str) -> int:
         data: dict[str, Any] = {"regenerate": True}
         if by:
             data["by"] = by
-        start = tx.append("turn/start", data)
+        try:
+            start = tx.append("turn/start", data)
+        except log.TurnAlreadyOpen as exc:  # the log's own refusal, behind the check above
+            raise TurnAlreadyRunning(f"session {session_id} is mid-turn") from exc
         dispatch.wake(session_id)
     return start.seq

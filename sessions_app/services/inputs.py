@@ -69,7 +69,10 @@ def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
     _check_text(text)
     with log.locked(session_id) as tx:
         _refuse_if_open(tx)
-        turn_seq = admission.open_turn(tx, text, by)
+        try:
+            turn_seq = admission.open_turn(tx, text, by)
+        except log.TurnAlreadyOpen as exc:  # the log's own refusal, behind the check above
+            raise TurnAlreadyRunning(f"session {tx.session_id} is mid-turn") from exc
         dispatch.wake(tx.session_id)
     return turn_seq
 
@@ -245,12 +248,19 @@ def _admit(
     lane: Lane | None,
     strategy: Strategy | None,
 ) -> Receipt:
-    busy = tx.row["open_turn_seq"] is not None
+    if wake and over is not None and tx.row["open_turn_seq"] is None:
+        return _hold(tx, text, by, key, over)
+    # Follow-ups waiting for their turns are owed those turns first, in
+    # arrival order: new input queues behind them in its lane (a steer rides
+    # the next turn), never opening a turn that would take them in as context.
+    busy = tx.row["open_turn_seq"] is not None or tx.row["queued_follow_ups"] > 0
     if wake and not busy:
-        if over is not None:
-            return _hold(tx, text, by, key, over)
-        turn_seq = admission.open_turn(tx, text, by)
-        return Receipt("started", tx.appended[-1].seq, turn_seq, key)
+        try:
+            turn_seq = admission.open_turn(tx, text, by)
+        except log.TurnAlreadyOpen:
+            pass  # the log's own refusal (the row lock decided above): queue behind the open turn
+        else:
+            return Receipt("started", tx.appended[-1].seq, turn_seq, key)
     if strategy == "reject":
         raise TurnAlreadyRunning(f"session {tx.session_id} is busy (multitask_strategy reject)")
     if strategy == "interrupt":

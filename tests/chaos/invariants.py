@@ -72,7 +72,15 @@ def read_events(db_url: str, sid: str, timeout: float = 60.0) -> list[Ev]:
 
 
 def session_row(db_url: str, sid: str, timeout: float = 60.0) -> dict[str, Any]:
-    cols = ("open_turn_seq", "inbox_seq", "last_input_seq", "held_seq", "lease_owner", "pending_approvals")
+    cols = (
+        "open_turn_seq",
+        "inbox_seq",
+        "last_input_seq",
+        "held_seq",
+        "lease_owner",
+        "pending_approvals",
+        "queued_follow_ups",
+    )
     rows = query(db_url, f"SELECT {', '.join(cols)} FROM {SESSION_TABLE} WHERE id = %s", [sid], timeout)
     if not rows:
         raise AssertionError(f"no session {sid}")
@@ -94,9 +102,11 @@ def query(db_url: str, sql: str, params: list[Any], timeout: float = 60.0) -> li
 
 
 def settled(db_url: str, sid: str) -> bool:
-    """No open turn and no input waiting to be taken in (held input counts as settled: it is visible)."""
+    """No open turn and no input waiting to be taken in: no steer, no
+    follow-up owed a turn (held input counts as settled: it is visible)."""
     row = session_row(db_url, sid)
-    waiting = row["last_input_seq"] > row["inbox_seq"] and row["held_seq"] is None
+    pending = row["last_input_seq"] > row["inbox_seq"] or row["queued_follow_ups"] > 0
+    waiting = pending and row["held_seq"] is None
     return row["open_turn_seq"] is None and not waiting
 
 
@@ -206,6 +216,80 @@ def input_problems(events: list[Ev], receipts: Iterable[dict[str, Any]]) -> list
         else:
             problems.append(f"input {seq} ({how}) was never taken in, held or withdrawn")
     return problems
+
+
+# -- lanes and receipts ----------------------------------------------------------------------
+
+
+def lane_problems(events: list[Ev]) -> list[str]:
+    """Every follow-up opens a turn of its own, in arrival order
+    (docs/protocol.md, "Lanes"): its input/deferred is placed by the
+    user/message of a turn that takes in no other follow-up, never as
+    context, and follow-ups' turns open in the order they arrived."""
+    follow_ups = [e.seq for e in events if e.kind == "input/deferred" and e.data.get("lane") == "follow_up"]
+    turns, _ = turns_of(events)
+    problems: list[str] = []
+    order: list[int] = []
+    for turn in turns:
+        placed = [e for e in turn.events if e.kind in TAKES_INPUT and e.data.get("source_seq") in follow_ups]
+        problems += [
+            f"follow-up {e.data['source_seq']} folded into the turn of {turn.start} as context"
+            for e in placed
+            if e.kind != "user/message"
+        ]
+        if len(placed) > 1:
+            problems.append(f"the turn of {turn.start} took in {len(placed)} follow-ups")
+        order += [int(e.data["source_seq"]) for e in placed]
+    if order != sorted(order):
+        problems.append(f"follow-ups' turns opened out of arrival order: {order}")
+    return problems
+
+
+def receipt_problems(events: list[Ev], receipts: Iterable[dict[str, Any]]) -> list[str]:
+    """Each receipt's disposition is true of the log (receipts as read back,
+    GET …/inputs/{seq}): `answered` by the end of the very turn that placed
+    it, `placed` in a turn still open, `queued` not yet taken in, `withdrawn`
+    taken back, `started` the user/message of the turn it names."""
+    turns, _ = turns_of(events)
+    by_seq = {e.seq: e for e in events}
+    problems: list[str] = []
+    for r in receipts:
+        seq, how = int(r["seq"]), r["disposition"]
+        placed = _placement(events, seq)
+        turn = _turn_holding(turns, placed) if placed is not None else None
+        if how == "started":
+            ok = turn is not None and turn.start == r["turn_seq"] and placed == seq
+        elif how == "answered":
+            ok = turn is not None and (turn.start, turn.end, placed) == (
+                r["turn_seq"],
+                r.get("answered_seq"),
+                r.get("placed_seq"),
+            )
+        elif how == "placed":
+            ok = turn is not None and turn.end is None and turn.start == r["turn_seq"]
+        elif how == "withdrawn":
+            ok = any(e.kind == "input/withdrawn" and e.data.get("source_seq") == seq for e in events)
+        else:  # queued or held: nothing took it in yet
+            ok = placed is None and seq in by_seq
+        if not ok:
+            where = f"turn {turn.start}..{turn.end}" if turn is not None else "no turn"
+            problems.append(f"input {seq}: receipt says {how} ({r}), the log says placed at {placed} in {where}")
+    return problems
+
+
+def _placement(events: list[Ev], seq: int) -> int | None:
+    """Where input `seq` entered the transcript: itself (a user/message that
+    opened its turn), or the user/message or context/injected naming it."""
+    for e in events:
+        if e.seq == seq and e.kind == "user/message" and "source_seq" not in e.data:
+            return seq
+        if e.kind in TAKES_INPUT and e.data.get("source_seq") == seq:
+            return e.seq
+    return None
+
+
+def _turn_holding(turns: list[Turn], seq: int) -> Turn | None:
+    return next((t for t in turns if t.start < seq and (t.end is None or seq < t.end)), None)
 
 
 # -- the probe: effects_audit (and wake-ups) inside the stack's own Django -------------------

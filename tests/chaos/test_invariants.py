@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.invariants import Ev, input_problems, log_problems
+from tests.chaos.invariants import Ev, input_problems, lane_problems, log_problems, receipt_problems
 
 
 def log(*entries: tuple[str, dict[str, Any]]) -> list[Ev]:
@@ -86,3 +86,67 @@ def test_held_input_counts_as_visible() -> None:
     held = [*WHOLE, Ev(12, "input/queued", {"text": "x", "wake": True}, 12.0)]
     held.append(Ev(13, "input/held", {"source_seq": 12, "reason": {}}, 13.0))
     assert input_problems(held, [*RECEIPTS, {"disposition": "held", "seq": 12, "turn_seq": None}]) == []
+
+
+FOLLOW_UPS = log(
+    ("turn/start", {}),
+    ("user/message", {"text": "hi"}),
+    ("input/deferred", {"text": "A", "lane": "follow_up"}),
+    ("input/deferred", {"text": "B", "lane": "follow_up"}),
+    ("turn/end", {"status": "completed"}),
+    ("turn/start", {}),
+    ("user/message", {"text": "A", "source_seq": 3, "lane": "follow_up"}),
+    ("turn/end", {"status": "completed"}),
+    ("turn/start", {}),
+    ("user/message", {"text": "B", "source_seq": 4, "lane": "follow_up"}),
+    ("turn/end", {"status": "completed"}),
+)
+
+
+def test_follow_ups_each_in_a_turn_of_their_own_pass() -> None:
+    assert lane_problems(FOLLOW_UPS) == []
+
+
+def test_a_follow_up_folded_as_context_or_batched_or_out_of_order_is_caught() -> None:
+    folded = [*FOLLOW_UPS[:4], Ev(5, "context/injected", {"text": "A", "source_seq": 3, "lane": "follow_up"}, 5.0)]
+    assert any("folded into the turn of 1" in p for p in lane_problems(folded))
+    batched = [*FOLLOW_UPS[:7], Ev(8, "user/message", {"text": "B", "source_seq": 4}, 8.0)]
+    assert any("took in 2 follow-ups" in p for p in lane_problems(batched))
+    swapped = [
+        Ev(
+            e.seq,
+            e.kind,
+            {**e.data, "source_seq": 7 - e.data["source_seq"]} if "source_seq" in e.data else e.data,
+            e.at,
+        )
+        for e in FOLLOW_UPS
+    ]
+    assert any("out of arrival order" in p for p in lane_problems(swapped))
+
+
+def test_receipts_true_of_the_log_pass() -> None:
+    receipts = [
+        {"disposition": "answered", "seq": 2, "turn_seq": 1, "placed_seq": 2, "answered_seq": 5},
+        {"disposition": "answered", "seq": 3, "turn_seq": 6, "placed_seq": 7, "answered_seq": 8},
+        {"disposition": "answered", "seq": 4, "turn_seq": 9, "placed_seq": 10, "answered_seq": 11},
+    ]
+    assert receipt_problems(FOLLOW_UPS, receipts) == []
+    assert receipt_problems(FOLLOW_UPS[:9], [{"disposition": "queued", "seq": 4, "turn_seq": None}]) == []
+
+
+def test_a_receipt_answered_by_another_turns_end_is_caught() -> None:
+    """Issue 27's stranded input: its receipt said answered, by the end of a
+    turn that was not the one that placed it (a second turn/start opened over it)."""
+    stranded = log(
+        ("turn/start", {}),
+        ("input/deferred", {"text": "A", "lane": "follow_up"}),
+        ("turn/start", {}),
+        ("user/message", {"text": "A", "source_seq": 2, "lane": "follow_up"}),
+        ("turn/end", {"status": "completed"}),
+    )
+    receipt = {"disposition": "answered", "seq": 2, "turn_seq": 1, "placed_seq": 4, "answered_seq": 5}
+    assert any("while the turn of 1 is open" in p for p in log_problems(stranded))
+    assert any("receipt says answered" in p for p in receipt_problems(stranded, [receipt]))
+    early = {"disposition": "answered", "seq": 3, "turn_seq": 6, "placed_seq": 7, "answered_seq": 8}
+    assert any("receipt says answered" in p for p in receipt_problems(FOLLOW_UPS[:7], [early]))
+    assert any("receipt says queued" in p for p in receipt_problems(FOLLOW_UPS, [{"disposition": "queued", "seq": 3}]))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sessions_app import services
+from sessions_app import log, services
 from sessions_app.errors import InputConsumed, InvalidInput, TurnAlreadyRunning, UnknownInput
 from sessions_app.models import Event, Session
 from sessions_app.runtime import sweep
@@ -299,3 +299,90 @@ def test_placed_and_withdrawn_steers_leave_nothing_owed(fake_llm: Any, session: 
     assert woken(session) == 0
     assert inputs.cancel(session.id, by="owner") is True
     assert str(session.id) not in sweep.owed()
+
+
+def waiting_follow_ups(session: Session, *texts: str) -> list[int]:
+    """A turn that ended (cancelled, no worker held it) with follow-ups left
+    waiting for the turns nobody has opened yet: the moment a worker races."""
+    busy(session)
+    seqs = [inputs.inject(session.id, text, lane="follow_up").seq for text in texts]
+    assert inputs.cancel(session.id, by="owner") is True
+    row = Session.objects.get(id=session.id)
+    assert row.open_turn_seq is None and row.queued_follow_ups == len(texts)
+    return seqs
+
+
+def answered_by_own_turn(session: Session, seq: int) -> None:
+    """The receipt is answered, by the end of the turn that placed it (no other turn/start in between)."""
+    got = inputs.receipt(session.id, seq)
+    assert got.disposition == "answered" and got.turn_seq is not None and got.answered_seq is not None
+    between = Event.objects.filter(session=session, seq__gt=got.turn_seq, seq__lt=got.answered_seq)
+    assert not between.filter(kind__in=("turn/start", "turn/end")).exists()
+    assert got.turn_seq < (got.placed_seq or 0) < got.answered_seq
+
+
+def test_input_on_an_idle_session_queues_behind_waiting_follow_ups(fake_llm: Any, session: Session) -> None:
+    """Each follow-up opens its own turn, in arrival order; input that arrives
+    while they wait never opens a turn that would fold them in as context:
+    a follow-up (or an interrupt, or enqueue) queues behind them, a steer
+    rides the next turn."""
+    fake_llm.script(*[Reply(text=str(i)) for i in range(5)])
+    f1, f2 = waiting_follow_ups(session, "F1", "F2")
+    steer = inputs.inject(session.id, "S")
+    f3 = inputs.inject(session.id, "F3", lane="follow_up")
+    cut = inputs.inject(session.id, "I", multitask_strategy="interrupt")
+    queued = inputs.inject(session.id, "E", multitask_strategy="enqueue")
+    assert [r.disposition for r in (steer, f3, cut, queued)] == ["queued"] * 4
+    assert [r.lane for r in (f3, cut, queued)] == ["follow_up"] * 3
+    with pytest.raises(TurnAlreadyRunning):  # the session is not idle for reject: turns are owed
+        inputs.inject(session.id, "R", multitask_strategy="reject")
+    assert Event.objects.filter(session=session, kind="turn/start").count() == 1
+    assert drive(session.id) == "ended"
+    assert turns(session)[1:] == [
+        [("user/message", "F1"), ("context/injected", "S")],
+        [("user/message", "F2")],
+        [("user/message", "F3")],
+        [("user/message", "I")],
+        [("user/message", "E")],
+    ]
+    for seq in (f1, f2, steer.seq, f3.seq, cut.seq, queued.seq):
+        answered_by_own_turn(session, seq)
+    assert len(fake_llm.requests) == 5
+
+
+def test_a_follow_up_behind_a_woken_steer_is_its_turns_message(fake_llm: Any, session: Session) -> None:
+    """A woken steer left waiting before a follow-up rides the follow-up's
+    turn as context: the follow-up is the turn's message, never context."""
+    fake_llm.script(Reply(text="1"))
+    busy(session)
+    inputs.inject(session.id, "S", lane="steer")
+    follow = inputs.inject(session.id, "F", lane="follow_up")
+    assert inputs.cancel(session.id, by="owner") is True  # the turn ends taking in neither
+    assert drive(session.id) == "ended"
+    assert turns(session)[1:] == [[("context/injected", "S"), ("user/message", "F")]]
+    answered_by_own_turn(session, follow.seq)
+
+
+def test_a_drive_that_finds_a_turn_opened_since_its_claim_opens_none(fake_llm: Any, session: Session) -> None:
+    """The race of issue 27: a worker claims the lease for a waiting
+    follow-up; admission (no lease needed) opens a turn meanwhile. The
+    drive's turn/start is refused under the row lock, it opens nothing, and
+    the next round drives the open turn; the follow-up gets its own after."""
+    from sessions_app.runtime import lease as leases
+    from sessions_app.runtime.drive import _drive_with_lease
+
+    fake_llm.script(Reply(text="1"), Reply(text="2"))
+    (follow,) = waiting_follow_ups(session, "F")
+    lease = leases.claim(session.id)
+    assert lease is not None and lease.workload.queued_follow_ups == 1
+    # Admission's own two events, as its guarded statement writes them (whatever
+    # path opened it, the drive must not open a second turn over it).
+    started = log.append_many(session.id, [("turn/start", {}), ("user/message", {"text": "typed meanwhile"})])[0].seq
+    outcome, runner = _drive_with_lease(session.id, lease)
+    assert (outcome, runner) == ("idle", None)
+    leases.release(lease)
+    assert Event.objects.filter(session=session, kind="turn/start").count() == 2  # the first, and run_turn's
+    assert drive(session.id) == "ended"
+    assert turns(session)[1:] == [[("user/message", "typed meanwhile")], [("user/message", "F")]]
+    assert Event.objects.filter(session=session, kind="turn/start", seq__gt=started).count() == 1
+    answered_by_own_turn(session, follow)
