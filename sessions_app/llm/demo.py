@@ -39,7 +39,7 @@ _READ = re.compile(_LEAD + r"read\s+(?:the\s+)?(?:file\s+)?(?P<path>[^\s]+)", re
 _TIME = re.compile(_LEAD + r"(?:what(?:'s|\s+is)?\s+(?:the\s+)?)?(?:time|clock)\b", re.IGNORECASE)
 _LIST = re.compile(_LEAD + r"list\b", re.IGNORECASE)
 _ANY_WRITE = re.compile(_LEAD + r"write\b", re.IGNORECASE)
-# What a tool result says when the call never ran (runtime/runner.py):
+# What a tool result says when the call never ran (runtime/calls.py):
 # "denied: <reason>" for a reviewer's or a revoked session's no, "vetoed:
 # <why>" for a policy's.
 _REFUSED = re.compile(r"^\s*(denied|vetoed)\b:?\s*(?P<why>.*)", re.IGNORECASE | re.DOTALL)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sessions_app.log.records import LoggedEvent
-from sessions_app.runtime.effects import ledgers
+from sessions_app.runtime.effects import ledgers, left_unknown
 from sessions_app.runtime.view import TurnState
 
 Entry = tuple[str, dict[str, Any]]
@@ -46,7 +46,7 @@ def closing_entries(
             if last is not None:
                 # The attempt ends with the turn, but what it did stays unknown
                 # unless replaying it was safe: operators still see it.
-                if last.state == "in_flight" and last.data.get("replay") != "safe":
+                if left_unknown(last):
                     why = f"the turn closed ({status}) while the attempt's outcome was unknown"
                     unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": why}
                     out.append(("tool/unknown", unknown))

@@ -14,6 +14,16 @@ the attempt and the one the tool declares now, whichever is stricter:
 - `never`, or a target that cannot tell: `tool/unknown`, and the turn waits
   for an operator (tool/resolved: rerun, done or failed).
 
+That decision is made here and only here, by two pure functions over the
+call's ledger: `next_move(ledger, defn)` says what to do with a call (Run a
+new attempt, Settled, AwaitOperator, or Reconcile: ask the target first),
+and `reconciled(attempt, answer)` turns the target's answer into one of the
+first three. runtime/calls.py carries a move out, the way DBOS's
+invoke_step checks for a recorded result before a step and records one
+after it: the intent committed, the effect, the outcome buffered, in one
+function. `left_unknown` is the same ledger's rule for a turn that closes
+around an attempt in flight (closing.py).
+
 `effects_audit` checks the whole ledger of a session; the kill and chaos
 tests run it after every round.
 """
@@ -29,7 +39,7 @@ from typing import Any, Literal
 
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Event, Session
-from sessions_app.tools.base import REPLAYS, Definition, Replay
+from sessions_app.tools.base import REPLAYS, Definition, Reconciliation, Replay
 
 State = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
 # Why an attempt replaces one that had no outcome (tool/attempt `replaces`).
@@ -131,6 +141,110 @@ def _apply(out: dict[str, CallLedger], e: LoggedEvent, at: datetime | None = Non
     elif e.kind == "tool/resolved" and target.resolution is None:
         target.resolution, target.resolution_seq = e.data, e.seq
     return target
+
+
+# -- the replay decision ---------------------------------------------------
+
+NOT_REPLAYABLE = "the worker stopped before its outcome was recorded, and the tool may not be re-run blindly"
+TARGET_CANNOT_TELL = "its target could not tell whether it happened"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run a new attempt: the first (`replaces` None), or one replacing
+    attempt `replaces`, which had no outcome, for `why` (tool/attempt's
+    `replaces` and `why`: safe, not_done or rerun)."""
+
+    number: int
+    replaces: int | None = None
+    why: str | None = None
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The call's outcome is known. `via` says who told (an operator's
+    resolution, the target's reconcile) and the result to record is
+    `content`; `via` None: the attempt's own outcome is in the log already."""
+
+    attempt: int
+    via: Literal["operator", "reconcile"] | None = None
+    content: str = ""
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class AwaitOperator:
+    """An operator decides, and no further external attempt of the step
+    starts meanwhile. `reason`: mark the attempt unknown with it first
+    (tool/unknown); None: it is marked already."""
+
+    attempt: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    """Ask the target about `attempt` (the tool's reconcile hook), then let
+    `reconciled` decide on its answer."""
+
+    attempt: int
+
+
+Move = Run | Settled | AwaitOperator | Reconcile
+
+
+def next_move(ledger: CallLedger | None, defn: Definition) -> Move:
+    """What to do with a call, given its ledger (None: never attempted) and
+    the tool as it is declared now. Pure: it reads nothing else and writes
+    nothing; the caller carries the move out."""
+    last = ledger.last if ledger else None
+    if last is None:
+        return Run(1)
+    match last.state:
+        case "done" | "failed":
+            return Settled(last.number)
+        case "unknown":
+            return AwaitOperator(last.number)
+        case "resolved":
+            return _resolved(last)
+    # In flight when its worker stopped: the effect may have happened. (A
+    # superseded attempt is never the last: the one replacing it is.)
+    policy = stricter(str(last.data.get("replay", "")), defn)
+    if policy == "safe":
+        return Run(last.number + 1, last.number, "safe")
+    if policy == "reconcile" and defn.reconcile is not None:
+        return Reconcile(last.number)
+    return AwaitOperator(last.number, NOT_REPLAYABLE)
+
+
+def _resolved(last: Attempt) -> Run | Settled:
+    """An operator's resolution of an unknown attempt: rerun, done or failed."""
+    resolution = last.resolution or {}
+    action = resolution.get("action")
+    if action == "rerun":
+        return Run(last.number + 1, last.number, "rerun")
+    content = str(resolution.get("result") or "")
+    if action == "failed":
+        by = f"failed: marked failed by an operator ({resolution.get('by', '')})"
+        return Settled(last.number, "operator", f"{by}: {content}" if content else by, True)
+    return Settled(last.number, "operator", content or "done (marked done by an operator)")
+
+
+def reconciled(attempt: int, answer: Reconciliation) -> Run | Settled | AwaitOperator:
+    """The move after the target answered about `attempt` (Reconcile)."""
+    if answer.state == "not_done":
+        return Run(attempt + 1, attempt, "not_done")
+    if answer.state == "done":
+        return Settled(attempt, "reconcile", answer.result)
+    return AwaitOperator(attempt, answer.result or TARGET_CANNOT_TELL)
+
+
+def left_unknown(last: Attempt) -> bool:
+    """Whether a turn closing around `last` (closing.py) must mark it
+    unknown: it was in flight, and re-running it blindly was not safe as
+    recorded, so what it did stays an operator's question. (Closing has no
+    tool definition at hand: the cancel service closes turns too.)"""
+    return last.state == "in_flight" and last.data.get("replay") != "safe"
 
 
 # -- reading the whole ledger of a session (operators, the audit) ----------

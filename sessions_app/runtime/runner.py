@@ -1,9 +1,9 @@
 """The step logic of one open turn.
 
 A TurnRunner reads its turn once (view.TurnView), then runs or resumes it
-step by step: the model call, then each tool call through the pre-execute
-hooks (the allow-list's veto), the approval gate and the executor. What it
-appends goes through its outbox (outbox.Outbox), fenced on the lease.
+step by step: the model call here, then the reply's tool calls through
+calls.ToolCalls (the veto, the gate, the executor, the effect ledger). What
+it appends goes through its outbox (outbox.Outbox), fenced on the lease.
 
 Rules kept here:
 - Model calls and tool runs happen outside any transaction, with the
@@ -21,7 +21,7 @@ Rules kept here:
 - Every external effect has its intent committed first (tool/attempt), and
   an attempt a crash left without an outcome is re-run, reconciled with its
   target or put before an operator by the tool's replay policy, never re-run
-  blindly (effects.py).
+  blindly: effects.next_move decides, calls.py carries it out.
 - A request that would not fit the model's context window (declared, or
   learned from a provider's context-length error: windows.py) is compacted
   first, inside the turn, at the step boundary before the model call; a
@@ -37,11 +37,9 @@ Rules kept here:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -50,16 +48,13 @@ from django.db import connection
 from sessions_app.errors import LeaseLost
 from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
-from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, ToolCall, for_model
+from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, for_model
 from sessions_app.log import hints
 from sessions_app.log.partial import Recorder as StreamedText
-from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import (
     admission,
     counters,
-    effects,
-    failpoints,
     failures,
     hooks,
     lifecycle,
@@ -69,23 +64,19 @@ from sessions_app.runtime import (
     windows,
 )
 from sessions_app.runtime import lease as leases
+from sessions_app.runtime.calls import ToolCalls
 from sessions_app.runtime.closing import closing_entries
-from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
+from sessions_app.runtime.outbox import Outbox
 from sessions_app.runtime.outcomes import Outcome
 from sessions_app.runtime.profiles import accepts_images
 from sessions_app.runtime.stop import stop_watch
 from sessions_app.runtime.view import TurnState, TurnView
-from sessions_app.tools.base import Definition, Reconciliation, ToolContext
-from sessions_app.tools.executor import execute
-from sessions_app.tools.registry import Registry, on_progress, registry_for_profile
+from sessions_app.tools.registry import Registry
 
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 25
 DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
-
-# A tool call's progress notifications are live hints on the session's stream, never log events.
-on_progress(hints.publish_live)
 
 
 class TurnRunner:
@@ -95,34 +86,25 @@ class TurnRunner:
         self.sid = session_id
         self.profile = profile
         self.lease = lease
-        self._registry: Registry | None = None
         self.view = TurnView(session_id, profile, lease)
         self.outbox = Outbox(session_id, lease, self.view)
+        self.calls = ToolCalls(session_id, profile, lease, self.view, self.outbox)
         self.resuming = False
-        # Set when a call's outcome is unknown: the turn waits for an operator,
-        # and no further external attempt starts before one answers.
-        self.awaiting_operator = False
         self.turn_seq = 0
         # Whether this step compacted already: a refusal after it blocks the turn (context_overflow).
         self.compacted_in_step = False
         self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
-        # Calls a reviewer approved with edited arguments: call id -> the JSON that ran,
-        # so their result can tell the model (set per call in run_call, read by result).
-        self.edited: dict[str, str] = {}
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
 
     @property
     def registry(self) -> Registry:
-        # Built inside run(), so a profile that breaks the build fails its turn.
-        if self._registry is None:
-            self._registry = registry_for_profile(self.profile)
-        return self._registry
+        return self.calls.registry  # built inside run(), so a profile that breaks the build fails its turn
 
     # -- plumbing
 
     def flush(self, *, release: bool = False) -> list[Any]:
-        return self.outbox.flush(self.redo_inline, release=release)
+        return self.calls.flush(release=release)  # it redoes inline calls if the policy moved
 
     def facts(self) -> hooks.TurnFacts:
         released = self.outbox.released
@@ -235,7 +217,7 @@ class TurnRunner:
                 model = next((e.data["model"] for e in st.events if e.seq == st.open_step_seq), self.view.spec)
                 self.spent(model, st.open_step, None, "the worker stopped before the reply was recorded")
             return None
-        if self.execute_calls(message, st) is Outcome.PARKED:
+        if self.calls.execute(message, st) is Outcome.PARKED:
             return Outcome.PARKED
         end: dict[str, Any] = {"step": st.open_step}
         if message.data.get("usage"):
@@ -301,16 +283,7 @@ class TurnRunner:
         if not reply.tool_calls:
             self.outbox.emit("step/end", end)
             return self.end("completed")
-        if all(self.runs_inline(call) for call in reply.tool_calls):
-            # Nothing but inline calls: no commit before them (see
-            # Definition.runs_inline); the message keeps its provisional seq.
-            message = self.outbox.provisional(1)
-        else:
-            (appended,) = self.flush()[-1:]
-            message = LoggedEvent(appended.seq, appended.kind, appended.data)
-        # `st` predates this message, which is right: its calls have no
-        # results or verdicts yet, and earlier verdicts of the turn are in it.
-        if self.execute_calls(message, st) is Outcome.PARKED:
+        if self.calls.answer(reply.tool_calls, st) is Outcome.PARKED:
             return Outcome.PARKED
         self.outbox.emit("step/end", end)
         return None
@@ -455,224 +428,6 @@ class TurnRunner:
             leases.release(self.lease)
         return Outcome.HANDED_OFF
 
-    # -- tools
-
-    def runs_inline(self, call: ToolCall) -> bool:
-        """A call the runner makes without committing first: an inline tool
-        (Definition.runs_inline) that no approval setting makes ask."""
-        defn = self.registry.get(call.name)
-        return (
-            defn is not None
-            and defn.runs_inline
-            and not hooks.gate().needs_approval(defn, self.profile.approvals or {})
-        )
-
-    def execute_calls(self, message: LoggedEvent, st: TurnState) -> Outcome | None:
-        parked = False
-        for call in st.owed_calls(message):
-            if self.run_call(call, st, message.seq) is Outcome.PARKED:
-                parked = True
-            if self.awaiting_operator:
-                break
-        if parked:
-            self.flush()
-            return Outcome.PARKED
-        return None
-
-    def run_call(self, call: ToolCall, st: TurnState, message_seq: int = 0) -> Outcome | None:
-        self.edited.pop(call.id, None)
-        defn = self.registry.get(call.name)
-        if defn is None:
-            return self.result(call, f"unknown tool {call.name!r}", True)
-        if self.view.revoked:
-            return self.result(call, "denied: the session is revoked", True)
-        if storable.was_cut(call.arguments):
-            limit = settings.TERRET_MAX_TOOL_ARGS_CHARS
-            return self.result(call, f"not run: the arguments were longer than {limit} characters and were cut", True)
-        try:
-            args = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError:
-            return self.result(call, "arguments are not valid JSON", True)
-        if not isinstance(args, dict):
-            return self.result(call, "arguments must be a JSON object", True)
-        if self.runs_inline(call):
-            self.outbox.emit_inline(call, defn, args, self.inline_result(call, defn, args))
-            return None
-        # Commit what is buffered first: that commit reveals any policy/updated
-        # committed meanwhile (outbox.py), so the veto sees every update.
-        self.flush()
-        veto = hooks.first_veto(self.call_context(defn, args))
-        if veto:
-            return self.result(call, f"vetoed: {veto}", True)
-        gate = hooks.gate()
-        # Verdicts bind to this call: same id, tool and args, asked after its message.
-        decision = gate.check(
-            st.events,
-            defn,
-            self.profile.approvals or {},
-            call.id,
-            args,
-            after_seq=message_seq,
-            ctx=self.call_context(defn, args),
-        )
-        if decision.action == "ask":
-            self.flush()  # the request's row-lock check must see everything before it
-            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
-                # Cancelled meanwhile: asking now would leave a request no one denies.
-                return self.result(call, "cancelled: the turn was cancelled", True)
-            self.view.refresh()
-            return Outcome.PARKED
-        if decision.action == "park":
-            return Outcome.PARKED
-        if decision.action == "deny":
-            return self.result(call, f"denied: {decision.reason}", True)
-        if decision.args is not None:
-            # Approved with edits: the reviewer's arguments run (and are what a
-            # retry, a reconcile and the ledger see), not the model's.
-            call = ToolCall(call.id, call.name, json.dumps(decision.args, ensure_ascii=False))
-            self.edited[call.id] = call.arguments
-        return self.run_tool(defn, call, st, message_seq)
-
-    def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
-        return hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.view.policy_seq)
-
-    def inline_result(self, call: ToolCall, defn: Definition, args: dict[str, Any]) -> Entry:
-        """The tool/result of an inline call under the view's policy (an
-        inline call never asks for approval: see runs_inline)."""
-        veto = hooks.first_veto(self.call_context(defn, args))
-        if veto:
-            return _result(call, f"vetoed: {veto}", True)
-        with tracing.tool(self.sid, call.name, call.id) as traced:
-            outcome = execute(defn, self.tool_context(call, 0), call.arguments)
-            traced.result(outcome.is_error)
-        return _result(call, outcome.content, outcome.is_error)
-
-    def redo_inline(self, pending: InlineCall) -> Entry:
-        return self.inline_result(pending.call, pending.definition, pending.args)
-
-    def tool_context(self, call: ToolCall, message_seq: int, attempt: int = 0) -> ToolContext:
-        return ToolContext(
-            self.sid,
-            call.id,
-            settings.TERRET_WORKSPACE_ROOT / self.sid.hex,
-            idempotency_key=effects.idempotency_key(self.sid, message_seq, call.id),
-            attempt=attempt,
-            fence=self.lease.gen,
-        )
-
-    def run_tool(self, defn: Definition, call: ToolCall, st: TurnState, message_seq: int) -> Outcome | None:
-        """Run the call as a new attempt, unless an earlier attempt of it has
-        no outcome: then its replay policy decides (effects.py)."""
-        ledger = effects.ledgers(st.events, after=message_seq).get(call.id)
-        last = ledger.last if ledger else None
-        if last is None:
-            self.attempt(defn, call, st, message_seq, 1)
-            return None
-        settled = self.settle(defn, call, last, message_seq)
-        if isinstance(settled, _Rerun):
-            self.attempt(defn, call, st, message_seq, last.number + 1, replaces=(last.number, settled.why))
-            return None
-        return settled
-
-    def attempt(
-        self,
-        defn: Definition,
-        call: ToolCall,
-        st: TurnState,
-        message_seq: int,
-        number: int,
-        replaces: tuple[int, str] | None = None,
-    ) -> None:
-        ctx = self.tool_context(call, message_seq, number)
-        intent: dict[str, Any] = {
-            "call_id": call.id,
-            "name": call.name,
-            "attempt": number,
-            "idempotency_key": ctx.idempotency_key,
-            "replay": defn.replay_policy,
-            "fence": self.lease.gen,
-            "worker": self.lease.owner,
-        }
-        if st.open_step is not None:
-            intent["step"] = st.open_step
-        if replaces is not None:
-            intent["replaces"], intent["why"] = replaces
-        if call.id in self.edited:
-            intent["arguments"], intent["edited"] = call.arguments, True  # what actually runs
-        self.outbox.emit("tool/attempt", intent)
-        self.flush()  # the intent, and earlier results, are durable before the effect
-        connection.close()  # tools may be slow; hold no connection meanwhile
-        failpoints.pause("after_intent", defn.name)
-        with tracing.tool(self.sid, call.name, call.id) as traced:
-            outcome = execute(defn, ctx, call.arguments)
-            traced.result(outcome.is_error)
-        failpoints.pause("after_effect", defn.name)
-        self.result(call, outcome.content, outcome.is_error, attempt=number)
-
-    def settle(self, defn: Definition, call: ToolCall, last: effects.Attempt, message_seq: int) -> Any:
-        """An attempt of this call already exists: a _Rerun to run the next
-        one, None once its outcome is buffered, PARKED while an operator decides."""
-        match last.state:
-            case "unknown":
-                return self._await_operator()
-            case "resolved":
-                resolution = last.resolution or {}
-                if resolution.get("action") == "rerun":
-                    return _Rerun("rerun")
-                failed = resolution.get("action") == "failed"
-                content = str(resolution.get("result") or "")
-                if failed:
-                    content = f"failed: marked failed by an operator ({resolution.get('by', '')})" + (
-                        f": {content}" if content else ""
-                    )
-                content = content or "done (marked done by an operator)"
-                return self.result(call, content, failed, last.number, "operator")
-            case "done" | "failed":
-                return None
-        # In flight when its worker stopped: the effect may have happened.
-        policy = effects.stricter(str(last.data.get("replay", "")), defn)
-        if policy == "safe":
-            return _Rerun("safe")
-        if policy == "reconcile" and defn.reconcile is not None:
-            answer = self.reconcile(defn, call, last, message_seq)
-            if answer.state == "not_done":
-                return _Rerun("not_done")
-            if answer.state == "done":
-                return self.result(call, answer.result, False, last.number, "reconcile")
-            reason = answer.result or "its target could not tell whether it happened"
-        else:
-            reason = "the worker stopped before its outcome was recorded, and the tool may not be re-run blindly"
-        unknown = {"call_id": call.id, "name": call.name, "attempt": last.number, "reason": reason}
-        self.outbox.emit("tool/unknown", unknown)
-        return self._await_operator()
-
-    def reconcile(self, defn: Definition, call: ToolCall, last: effects.Attempt, message_seq: int) -> Reconciliation:
-        assert defn.reconcile is not None
-        try:
-            args = json.loads(call.arguments or "{}")
-            connection.close()  # the target may be slow to answer
-            return defn.reconcile(self.tool_context(call, message_seq, last.number), args)
-        except Exception as exc:
-            logger.warning("reconcile of %s in %s failed: %s", call.id, self.sid, exc, exc_info=True)
-            return Reconciliation("unknown", f"its reconcile hook failed ({type(exc).__name__})")
-
-    def _await_operator(self) -> Outcome:
-        self.awaiting_operator = True
-        return Outcome.PARKED
-
-    def result(self, call: ToolCall, content: str, is_error: bool, attempt: int = 0, via: str = "") -> Outcome | None:
-        """Buffer the call's result; the call needs nothing more (None)."""
-        if call.id in self.edited:
-            ran = self.edited.pop(call.id)
-            content = f"(A reviewer edited the arguments before approving; the tool ran with {ran})\n{content}"
-        kind, data = _result(call, content, is_error)
-        if attempt:
-            data["attempt"] = attempt
-        if via:
-            data["via"] = via
-        self.outbox.emit(kind, data)
-        return None
-
     # -- cancel
 
     def close_cancelled(self, st: TurnState) -> Outcome:
@@ -685,25 +440,6 @@ class TurnRunner:
 
 def too_long_after_compaction(spec: str, refused: ContextTooLong) -> str:
     return f"the request does not fit {spec}'s context window even after compaction: {refused}"
-
-
-@dataclass(frozen=True)
-class _Rerun:
-    """settle(): run a new attempt, which replaces the last one, for this reason."""
-
-    why: str  # safe | not_done | rerun (tool/attempt's `why`)
-
-
-def _result(call: ToolCall, content: str, is_error: bool) -> Entry:
-    # A ToolText (llm/types.py) is stored as plain text, its images beside it.
-    text = storable.fit_result(str(content))
-    data: dict[str, Any] = {"call_id": call.id, "name": call.name, "content": text, "is_error": is_error}
-    images = getattr(content, "attachments", None)
-    if images:
-        data["content"], kept = storable.fit_attachments(text, images)  # each kept whole or left out
-        if kept:
-            data["attachments"] = kept
-    return "tool/result", data
 
 
 def _assistant_payload(reply: ModelReply) -> dict[str, Any]:

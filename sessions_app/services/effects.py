@@ -4,7 +4,8 @@
 row lock (do): the attempt must still be unknown, and a rerun needs its
 turn open, since nothing else would run it. The worker woken on commit
 carries the turn on: a new attempt under the same key, or the result the
-operator gave (runtime/runner.py settles it).
+operator gave (runtime/effects.py next_move decides, runtime/calls.py
+carries it out).
 
 `effects` (the ledger's read, from runtime/effects.py) is re-exported for
 the interfaces, which do not import the runtime.
