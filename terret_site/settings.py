@@ -218,7 +218,7 @@ TERRET_SCHEDULE_HORIZON_DAYS = env_int("TERRET_SCHEDULE_HORIZON_DAYS", 3653, min
 # The clock's fair share: one round claims at most this many due schedules
 # of one session, of one owner, and in all (runtime/schedules.py).
 TERRET_SCHEDULE_PER_SESSION = env_int("TERRET_SCHEDULE_PER_SESSION", 5, minimum=1)
-TERRET_SCHEDULE_PER_OWNER = env_int("TERRET_SCHEDULE_PER_OWNER", 20, minimum=1)
+TERRET_SCHEDULE_PER_OWNER = env_int("TERRET_SCHEDULE_PER_OWNER", 100, minimum=1)
 TERRET_SCHEDULE_ROUND = env_int("TERRET_SCHEDULE_ROUND", 200, minimum=1)
 TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
 TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})

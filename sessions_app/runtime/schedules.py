@@ -104,11 +104,11 @@ def tick(*, now: datetime | None = None, rounds: int | None = None) -> int:
     done = 0
     while rounds is None or done < rounds:
         at = now or timezone.now()
-        took = _take(_round(at), at)
-        handled += took
+        ids = _round(at)
+        if not ids or lifecycle.draining.is_set():
+            break  # nothing due that another worker is not firing now
+        handled += _take(ids, at)
         done += 1
-        if not took or lifecycle.draining.is_set():
-            break  # nothing due, or every row of the round was another worker's
     return handled
 
 
@@ -120,12 +120,16 @@ def _round(at: datetime) -> list[uuid.UUID]:
     second, and so on. One owner's storm so costs that owner the wait for
     later rounds; another owner's schedule leads the next round. Rows due
     beyond the readable range are taken too, so the clock marks them failed.
-    A read, no lock: each row is claimed by `_claim` with SKIP LOCKED, so two
-    workers on the same round take disjoint rows and never wait on each other."""
+    The read skips rows another worker is firing (SKIP LOCKED; in autocommit,
+    so its own locks end with the statement), and each row is then claimed
+    by `_claim` with SKIP LOCKED: two workers take disjoint rows and never
+    wait on each other, and a worker finds no round only when nothing is due
+    that another is not already firing."""
     ops = connection.ops
     with connection.cursor() as cursor:
+        skip = connection.features.has_select_for_update_skip_locked
         cursor.execute(
-            _ROUND_SQL,
+            _ROUND_SQL + (_SKIP_LOCKED if skip else ""),
             [
                 ops.adapt_datetimefield_value(at),
                 ops.adapt_datetimefield_value(DUE_READ_MAX),
@@ -154,19 +158,25 @@ def _take(ids: list[uuid.UUID], at: datetime) -> int:
 # The window functions rank each session's and then each owner's due rows;
 # the innermost scan is the partial index schedule_due (pending, by due_at).
 _ROUND_SQL = f"""
-SELECT id FROM (
-    SELECT id, due_at, ROW_NUMBER() OVER (PARTITION BY owner_id ORDER BY due_at, id) AS owner_rank,
-           COUNT(*) OVER (PARTITION BY owner_id) AS owner_due
-    FROM (
-        SELECT s.id, s.due_at, ss.owner_id,
-               ROW_NUMBER() OVER (PARTITION BY s.session_id ORDER BY s.due_at, s.id) AS session_rank
-        FROM {Schedule._meta.db_table} s JOIN {Session._meta.db_table} ss ON ss.id = s.session_id
-        WHERE s.status = 'pending' AND (s.due_at <= %s OR s.due_at >= %s)
-    ) due WHERE session_rank <= %s
-) fair WHERE owner_rank <= %s
-ORDER BY owner_rank, owner_due, due_at, id
-LIMIT %s
+SELECT s.id FROM {Schedule._meta.db_table} s JOIN (
+    SELECT id, owner_rank, owner_due, due_at FROM (
+        SELECT id, due_at, ROW_NUMBER() OVER (PARTITION BY owner_id ORDER BY due_at, id) AS owner_rank,
+               COUNT(*) OVER (PARTITION BY owner_id) AS owner_due
+        FROM (
+            SELECT s.id, s.due_at, ss.owner_id,
+                   ROW_NUMBER() OVER (PARTITION BY s.session_id ORDER BY s.due_at, s.id) AS session_rank
+            FROM {Schedule._meta.db_table} s JOIN {Session._meta.db_table} ss ON ss.id = s.session_id
+            WHERE s.status = 'pending' AND (s.due_at <= %s OR s.due_at >= %s)
+        ) due WHERE session_rank <= %s
+    ) fair WHERE owner_rank <= %s
+    ORDER BY owner_rank, owner_due, due_at, id
+    LIMIT %s
+) round ON round.id = s.id
+WHERE s.status = 'pending'
+ORDER BY round.owner_rank, round.owner_due, round.due_at, round.id
 """
+# The lock clause sits on the outer query: PostgreSQL allows none beside window functions.
+_SKIP_LOCKED = " FOR UPDATE OF s SKIP LOCKED"
 
 
 def _claim(sid: uuid.UUID, at: datetime) -> bool:
