@@ -214,6 +214,15 @@ class UnknownSchedule(TerretError):
     status = 404
 
 
+class TimeOutOfRange(InvalidInput):
+    """A schedule's time lies outside the range a schedule may name: more than
+    TERRET_SCHEDULE_HORIZON_DAYS from now either way, or one no datetime can
+    hold (before year 1 or after 9999 in UTC). Refused at every door alike."""
+
+    code = "time_out_of_range"
+    status = 400
+
+
 class ScheduleLimit(TerretError):
     """The profile bounds how many schedules a session may hold and how often one may recur."""
 

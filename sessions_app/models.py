@@ -9,6 +9,7 @@ the event they summarize, so they can never disagree with the log.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NoReturn
 
@@ -289,6 +290,41 @@ class WorkerProcess(models.Model):
         return f"{self.host}:{self.pid} ({self.key})"
 
 
+# The due times a schedule row is read back within. PostgreSQL holds times a
+# Python datetime cannot (before year 1 or after 9999 in UTC): written by SQL,
+# or by a version that did not check, such a row would fail every read of it.
+DUE_READ_MIN = datetime(1, 1, 2, tzinfo=UTC)
+DUE_READ_MAX = datetime(9999, 12, 30, tzinfo=UTC)
+
+
+class ClampedDateTimeField(models.DateTimeField):  # type: ignore[type-arg]
+    """A DateTimeField read through a clamp on PostgreSQL: a value outside
+    [DUE_READ_MIN, DUE_READ_MAX] is selected as that bound, so every read of
+    the row (the clock's claim, cancel, the admin, the pages) gets a datetime
+    instead of the driver's error, and the clock can see the row is bad
+    (`due_unreadable`) and mark it failed. Filters and ordering use the
+    column itself (only the select list is clamped). The column is a plain
+    timestamptz: migrations see a DateTimeField."""
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        sql, params = super().select_format(compiler, sql, params)
+        if compiler.connection.vendor != "postgresql":
+            return sql, params  # SQLite rows are written only through Django, which cannot write such times
+        lo, hi = f"'{DUE_READ_MIN.isoformat()}'::timestamptz", f"'{DUE_READ_MAX.isoformat()}'::timestamptz"
+        clamped = f"CASE WHEN {sql} < {lo} THEN {lo} WHEN {sql} > {hi} THEN {hi} ELSE {sql} END"
+        return clamped, (*params, *params, *params)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DateTimeField", args, kwargs
+
+
+def due_unreadable(when: datetime | None) -> bool:
+    """Whether a due time read back is a clamped bound: the row holds a time
+    outside what a datetime can hold."""
+    return when is not None and (when <= DUE_READ_MIN or when >= DUE_READ_MAX)
+
+
 class Schedule(models.Model):
     """A host-owned request to wake a session at a bounded time (seed 003's
     wake-up record). Firing it is an ordinary follow-up input plus a
@@ -300,8 +336,9 @@ class Schedule(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="schedules")
-    # The next due time; None once the schedule will not fire again.
-    due_at = models.DateTimeField(null=True, blank=True)
+    # The next due time; None once the schedule will not fire again. Read
+    # through a clamp: a row holding an impossible time must not fail its reads.
+    due_at = ClampedDateTimeField(null=True, blank=True)
     reason = models.CharField(max_length=200, blank=True)
     text = models.TextField()
     every_seconds = models.PositiveIntegerField(null=True, blank=True)

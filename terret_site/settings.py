@@ -212,6 +212,14 @@ TERRET_SWEEP_SECONDS = env_float("TERRET_SWEEP_SECONDS", 15.0, minimum=0.2)
 # schedule's misfire policy applies (the workers were down).
 TERRET_SCHEDULE_POLL_SECONDS = env_float("TERRET_SCHEDULE_POLL_SECONDS", 0.5, minimum=0.05)
 TERRET_SCHEDULE_GRACE_SECONDS = env_float("TERRET_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0.0)
+# How far from now a schedule's time may lie, either way (10 years): further
+# is refused with 400 time_out_of_range (services/schedules.check_time).
+TERRET_SCHEDULE_HORIZON_DAYS = env_int("TERRET_SCHEDULE_HORIZON_DAYS", 3653, minimum=1)
+# The clock's fair share: one round claims at most this many due schedules
+# of one session, of one owner, and in all (runtime/schedules.py).
+TERRET_SCHEDULE_PER_SESSION = env_int("TERRET_SCHEDULE_PER_SESSION", 5, minimum=1)
+TERRET_SCHEDULE_PER_OWNER = env_int("TERRET_SCHEDULE_PER_OWNER", 100, minimum=1)
+TERRET_SCHEDULE_ROUND = env_int("TERRET_SCHEDULE_ROUND", 200, minimum=1)
 TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
 TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})
 TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KEY") or ""

@@ -1,10 +1,12 @@
 """Scheduled wake-ups: the clock that claims due schedules and fires them.
 
 Every worker process (Celery's and the in-process one) runs a clock thread
-that calls `tick()` every TERRET_SCHEDULE_POLL_SECONDS. A tick claims due
-schedules one at a time with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers
-claim disjoint rows and none waits on another's claim; and it fires the
-schedule inside the same transaction as the claim: the session's follow-up
+that calls `tick()` every TERRET_SCHEDULE_POLL_SECONDS. A tick works in
+rounds: a round reads the due schedules fairly (a bounded share per session
+and per owner, every owner's earliest first: `_round`), then claims them one
+at a time with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers claim
+disjoint rows and none waits on another's claim; and it fires each schedule
+inside the same transaction as its claim: the session's follow-up
 input, its `schedule/fired` event and the schedule's advance (runs, next due
 time, generation) commit together or not at all. A worker killed mid-claim
 leaves the row pending for the next tick; a schedule can never fire twice for
@@ -21,6 +23,10 @@ the previous run's input still waiting (coalesced: one pending follow-up per
 schedule), and the runs so far: after `schedule_pause_after` consecutive
 runs whose turns ended empty, failed or rejected it pauses itself.
 
+A row that cannot be fired (an impossible due time written by SQL, read
+back clamped; any error but a database outage) is marked failed, once, and
+the round goes on: no row can stop the clock for everyone.
+
 Misfires: a due time more than TERRET_SCHEDULE_GRACE_SECONDS in the past (the
 workers were down) follows the schedule's policy: `skip` drops the missed
 due times, `run_once` fires once for all of them and keeps the recurrence's
@@ -33,6 +39,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -41,12 +48,14 @@ from typing import Any
 from cronsim import CronSim
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.log.reads import input_fate, turn_events, turn_start_before
-from sessions_app.models import Schedule, Session
+from sessions_app.models import DUE_READ_MAX, Schedule, Session, due_unreadable
 from sessions_app.runtime import admission, dispatch, lifecycle, limits
+from sessions_app.runtime.failures import is_database_outage
 
 logger = logging.getLogger(__name__)
 
@@ -87,27 +96,141 @@ def missed_between(s: Schedule, since: datetime, until: datetime) -> int:
     return count
 
 
-def tick(*, now: datetime | None = None) -> int:
-    """Claim and fire every schedule due now, one per transaction. Returns
-    how many were handled (fired, skipped or finished)."""
+def tick(*, now: datetime | None = None, rounds: int | None = None) -> int:
+    """Fire what is due, round by round, until nothing is (or `rounds` ran).
+    Returns how many schedules were handled (fired, skipped, finished, or
+    marked failed)."""
     handled = 0
-    while True:
+    done = 0
+    while rounds is None or done < rounds:
         at = now or timezone.now()
+        ids = _round(at)
+        if not ids or lifecycle.draining.is_set():
+            break  # nothing due that another worker is not firing now
+        handled += _take(ids, at)
+        done += 1
+    return handled
+
+
+def _round(at: datetime) -> list[uuid.UUID]:
+    """One round's due schedules, fairly: at most TERRET_SCHEDULE_PER_SESSION
+    of a session and TERRET_SCHEDULE_PER_OWNER of an owner, at most
+    TERRET_SCHEDULE_ROUND in all, in turns: every owner's earliest due row
+    first (the owner with the fewest due rows ahead), then every owner's
+    second, and so on. One owner's storm so costs that owner the wait for
+    later rounds; another owner's schedule leads the next round. Rows due
+    beyond the readable range are taken too, so the clock marks them failed.
+    The read skips rows another worker is firing (SKIP LOCKED; in autocommit,
+    so its own locks end with the statement), and each row is then claimed
+    by `_claim` with SKIP LOCKED: two workers take disjoint rows and never
+    wait on each other, and a worker finds no round only when nothing is due
+    that another is not already firing."""
+    ops = connection.ops
+    with connection.cursor() as cursor:
+        skip = connection.features.has_select_for_update_skip_locked
+        cursor.execute(
+            _ROUND_SQL + (_SKIP_LOCKED if skip else ""),
+            [
+                ops.adapt_datetimefield_value(at),
+                ops.adapt_datetimefield_value(DUE_READ_MAX),
+                settings.TERRET_SCHEDULE_PER_SESSION,
+                settings.TERRET_SCHEDULE_PER_OWNER,
+                settings.TERRET_SCHEDULE_ROUND,
+            ],
+        )
+        return [v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)) for (v,) in cursor.fetchall()]
+
+
+def _take(ids: list[uuid.UUID], at: datetime) -> int:
+    """Claim and handle a round's rows in order, for at most half a poll period:
+    a round that runs longer (a storm, a slow database) is read afresh, so a
+    schedule of another owner that fell due meanwhile goes ahead of the rest
+    of the storm instead of waiting for all of it."""
+    ends = time.monotonic() + settings.TERRET_SCHEDULE_POLL_SECONDS / 2
+    took = 0
+    for sid in ids:
+        took += _claim(sid, at)
+        if time.monotonic() >= ends:
+            break
+    return took
+
+
+# The window functions rank each session's and then each owner's due rows;
+# the innermost scan is the partial index schedule_due (pending, by due_at).
+_ROUND_SQL = f"""
+SELECT s.id FROM {Schedule._meta.db_table} s JOIN (
+    SELECT id, owner_rank, owner_due, due_at FROM (
+        SELECT id, due_at, ROW_NUMBER() OVER (PARTITION BY owner_id ORDER BY due_at, id) AS owner_rank,
+               COUNT(*) OVER (PARTITION BY owner_id) AS owner_due
+        FROM (
+            SELECT s.id, s.due_at, ss.owner_id,
+                   ROW_NUMBER() OVER (PARTITION BY s.session_id ORDER BY s.due_at, s.id) AS session_rank
+            FROM {Schedule._meta.db_table} s JOIN {Session._meta.db_table} ss ON ss.id = s.session_id
+            WHERE s.status = 'pending' AND (s.due_at <= %s OR s.due_at >= %s)
+        ) due WHERE session_rank <= %s
+    ) fair WHERE owner_rank <= %s
+    ORDER BY owner_rank, owner_due, due_at, id
+    LIMIT %s
+) round ON round.id = s.id
+WHERE s.status = 'pending'
+ORDER BY round.owner_rank, round.owner_due, round.due_at, round.id
+"""
+# The lock clause sits on the outer query: PostgreSQL allows none beside window functions.
+_SKIP_LOCKED = " FOR UPDATE OF s SKIP LOCKED"
+
+
+def _claim(sid: uuid.UUID, at: datetime) -> bool:
+    """Claim one schedule of the round and handle it, in one transaction.
+    False: another worker has it, or it is no longer due. A row that fails
+    for any reason but a database outage is marked failed, once, with the
+    reason, and the clock goes on with the others; an outage leaves it
+    pending for a later tick."""
+    generation: int | None = None
+    try:
         with transaction.atomic():
             s = (
                 Schedule.objects.select_for_update(skip_locked=True)
-                .filter(status="pending", due_at__lte=at)
-                .order_by("due_at")
+                .filter(Q(due_at__lte=at) | Q(due_at__gte=DUE_READ_MAX), id=sid, status="pending")
                 .first()
             )
             if s is None:
-                return handled
+                return False
+            generation = s.generation
             _handle(s, at)
-        handled += 1
+    except Exception as exc:
+        if is_database_outage(exc):
+            raise
+        logger.exception("schedule %s could not be fired: marked failed", sid)
+        _fail(sid, generation, f"the clock could not fire it: {type(exc).__name__}: {exc}", at)
+    return True
+
+
+def _fail(sid: uuid.UUID, generation: int | None, reason: str, now: datetime) -> None:
+    """Mark a schedule failed without reading it (its row may be what failed).
+    The generation it was claimed at, when known, keeps a firing by another
+    worker since then from being overwritten."""
+    rows = Schedule.objects.filter(id=sid, status="pending")
+    if generation is not None:
+        rows = rows.filter(generation=generation)
+    reason = reason[:300]
+    outcome = {"outcome": "skipped", "at": now.isoformat(), "due_at": None, "late_seconds": 0.0, "reason": reason}
+    rows.update(
+        status="failed",
+        status_reason=reason,
+        due_at=None,
+        last_outcome=outcome,
+        generation=F("generation") + 1,
+        updated_at=now,
+    )
 
 
 def _handle(s: Schedule, now: datetime) -> None:
     s.generation += 1
+    if due_unreadable(s.due_at):
+        # Read back clamped (models.ClampedDateTimeField): the row holds a time
+        # no datetime can; fired it would fail on every tick, so it ends here.
+        _finish(s, "failed", "its due time lies outside the years 1..9999 in UTC", now)
+        return
     session = Session.objects.select_related("profile").filter(id=s.session_id).first()
     stop = _stopped(s, session)
     if stop is not None:

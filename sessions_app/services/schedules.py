@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import islice, pairwise
 from typing import Any
 
 from cronsim import CronSim, CronSimError
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -27,6 +28,7 @@ from sessions_app.errors import (
     InvalidInput,
     ScheduleLimit,
     SessionRevoked,
+    TimeOutOfRange,
     UnknownSchedule,
 )
 from sessions_app.models import AgentProfile, Schedule, Session
@@ -68,6 +70,23 @@ def _int(value: Any, name: str, *, minimum: int = 1) -> int | None:
         return None
     # Within the column too: past it, the insert would fail (PostgreSQL) after the checks passed.
     return int_in_column(name, value, Schedule._meta.get_field(name), minimum=minimum)
+
+
+def check_time(when: datetime, *, now: datetime, name: str = "due_at") -> datetime:
+    """The one check of a schedule's time, for every door (API, socket, the
+    agent's tool, the page's form): within TERRET_SCHEDULE_HORIZON_DAYS of
+    now either way, else TimeOutOfRange. A past time inside the range is
+    kept: the misfire policy decides what it does. The bound is what keeps
+    the clock safe: a time past year 9999 (or before year 1) in UTC, which
+    the database stores but no datetime can hold, never reaches a row."""
+    days = settings.TERRET_SCHEDULE_HORIZON_DAYS
+    try:
+        utc = when.astimezone(UTC)
+    except OverflowError:
+        raise TimeOutOfRange(f"{name} is outside the years 1..9999 in UTC") from None
+    if abs(utc - now) > timedelta(days=days):
+        raise TimeOutOfRange(f"{name} must be within {days} days of now ({utc:%Y-%m-%d %H:%M:%S} UTC is not)")
+    return utc
 
 
 def _when(value: Any) -> datetime | None:
@@ -117,7 +136,7 @@ def check_spec(profile: AgentProfile | None, body: dict[str, Any], *, now: datet
         raise InvalidInput(f"reason must be at most {MAX_REASON_CHARS} characters")
     spec = Spec(
         text,
-        due_at,
+        None if due_at is None else check_time(due_at, now=now),
         every,
         cron.strip(),
         misfire,
@@ -148,12 +167,18 @@ def _check_bounds(profile: AgentProfile | None, spec: Spec, now: datetime) -> No
 
 
 def _first_due(spec: Spec, now: datetime) -> datetime:
+    """The first due time, itself held to the range (an interval of decades
+    would otherwise name a time no one will see, or none a datetime holds)."""
     if spec.due_at is not None:
         return spec.due_at
     if spec.cron:
-        return next(iter(CronSim(spec.cron, now)))
+        return check_time(next(iter(CronSim(spec.cron, now))), now=now, name="the cron's first due time")
     assert spec.every_seconds is not None
-    return now + timedelta(seconds=spec.every_seconds)
+    try:
+        first = now + timedelta(seconds=spec.every_seconds)
+    except OverflowError:
+        raise TimeOutOfRange("every_seconds names a first due time past the year 9999") from None
+    return check_time(first, now=now, name="the first due time (now + every_seconds)")
 
 
 def create(
@@ -175,6 +200,7 @@ def create(
         clean_text("idempotency_key", key)
     now = timezone.now()
     spec = check_spec(session.profile, body, now=now)
+    first_due = _first_due(spec, now)
     with log.locked(session.id) as tx:
         if key is not None:
             prior = Schedule.objects.filter(session_id=session.id, idempotency_key=key).first()
@@ -188,7 +214,7 @@ def create(
             raise ScheduleLimit(f"the session holds {live} schedules, its profile's most")
         s = Schedule.objects.create(
             session_id=session.id,
-            due_at=_first_due(spec, now),
+            due_at=first_due,
             reason=spec.reason,
             text=spec.text,
             every_seconds=spec.every_seconds,

@@ -84,6 +84,9 @@ def test_schedules_over_http(client: Any, auth: Any, session: Any) -> None:
     assert (too_often.status_code, too_often.data["code"]) == (422, "schedule_limit")
     bad = call(client, "POST", url(session, "/schedules"), {"text": "t", "cron": "nope"}, **auth)
     assert (bad.status_code, bad.data["code"]) == (400, "invalid_input")
+    for when in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:00:00-14:00", "2099-01-01T00:00:00Z"):
+        far = call(client, "POST", url(session, "/schedules"), {"text": "t", "due_at": when}, **auth)
+        assert (far.status_code, far.data["code"]) == (400, "time_out_of_range"), when
     listed = call(client, "GET", url(session, "/schedules"), **auth)
     assert [x["id"] for x in listed.data["schedules"]] == [s["id"]]
     gone = call(client, "DELETE", url(session, f"/schedules/{s['id']}"), **auth)

@@ -36,6 +36,10 @@ async def test_lanes_withdraw_and_schedules_over_the_socket(world):
     await send(comm, {"type": "cancel_schedule", "id": "c", "schedule_id": made["schedule"]["id"]})
     cancelled = ack_of(await recv_until(comm, lambda f: f.get("id") == "c"), "c")
     assert cancelled["schedule"]["status"] == "cancelled"
+    for n, when in enumerate(("0001-01-01T00:00:00+14:00", "9999-12-31T23:00:00-14:00")):
+        await send(comm, {"type": "schedule", "id": f"far{n}", "schedule": {"text": "wake", "due_at": when}})
+        far = ack_of(await recv_until(comm, lambda f, n=n: f.get("id") == f"far{n}"), f"far{n}")
+        assert (far["type"], far["code"]) == ("error", "time_out_of_range")
     await send(comm, {"type": "inject", "id": "r", "text": "x", "multitask_strategy": "reject"})
     refused = ack_of(await recv_until(comm, lambda f: f.get("id") == "r"), "r")
     assert (refused["type"], refused["code"]) == ("error", "turn_already_running")

@@ -58,6 +58,10 @@ def test_errors_are_shown_in_the_panel_and_nothing_is_made(owner: Any, chat: Ses
         **HTMX,
     )
     assert "shortest interval" in r.content.decode()
+    for when in ("0001-01-01T00:00", "9999-12-31T23:59"):
+        body = {"text": "x", "due_at": when, "misfire": "skip"}
+        r = c.post(reverse("sessions:schedule_create", args=[chat.id]), body, **HTMX)
+        assert r.status_code == 200 and "due_at must be within" in r.content.decode()
     assert Schedule.objects.count() == 0
 
 
