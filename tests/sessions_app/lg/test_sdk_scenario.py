@@ -51,7 +51,10 @@ def model(body: dict[str, Any]) -> Reply:
 
 
 def is_delta(part: Any) -> bool:
-    return part.event == "messages" and part.data[0]["type"] == "AIMessageChunk"
+    """A live token delta (a committed message streamed as deltas comes as the
+    chunk that completes them, with its seq)."""
+    chunk = part.data[0] if part.event == "messages" else {}
+    return chunk.get("type") == "AIMessageChunk" and "seq" not in chunk["response_metadata"]
 
 
 def committed(parts: list[Any]) -> list[tuple[str, str, Any]]:
@@ -187,6 +190,12 @@ async def scenario(client: Any, servers: list[DaphneProcess], fake_llm: Any, wor
     assert "".join(resumed[i].data[0]["content"] for i in deltas) == "The file is written."
     # Live only: a delta carries no id of its own (the decoder keeps the last one).
     assert all(resumed[i].id == resumed[i - 1].id for i in deltas)
+    # The committed reply completes the deltas; its text is not sent again (F4).
+    completing = [
+        p.data[0] for p in resumed if p.event == "messages" and p.data[0]["id"] == resumed[deltas[0]].data[0]["id"]
+    ]
+    assert completing[-1]["type"] == "AIMessageChunk" and completing[-1]["content"] == ""
+    assert completing[-1]["response_metadata"]["seq"] > 0
     last_values = [p.data for p in resumed if p.event == "values"][-1]
     assert last_values["messages"][-1]["content"] == "The file is written."
     assert [m["type"] for m in last_values["messages"]] == ["human", "ai", "tool", "ai"]
