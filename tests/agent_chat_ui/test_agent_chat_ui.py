@@ -99,6 +99,20 @@ def wait_idle(thread_id: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"thread {thread_id} still running")
 
 
+def streaming_reply(thread_id: str, timeout: float = 20.0) -> bool:
+    """Wait until the thread's open turn is in its model call, streaming."""
+    from sessions_app.models import Event, Session
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        turn = Session.objects.get(id=thread_id).open_turn_seq
+        if turn is not None and Event.objects.filter(session_id=thread_id, seq__gt=turn, kind="step/start").exists():
+            time.sleep(0.5)
+            return Session.objects.get(id=thread_id).open_turn_seq == turn
+        time.sleep(0.05)
+    return False
+
+
 def thread_of(page: Any) -> str:
     found = re.search(r"threadId=([0-9a-f-]{36})", page.url)
     assert found, page.url
@@ -149,6 +163,7 @@ def test_agent_chat_ui_against_terret(
         expect(replies.nth(n - 1)).to_contain_text(reply_to(f"hello {word}"))
         expect(humans).to_have_count(n)
         expect(replies).to_have_count(n)
+    assert assert_each_once(page) > 20 and saw_streaming(page)
     first = thread_of(page)
     assert Session.objects.filter(owner=alice).count() == 1, "a second message forked the thread"
     assert Session.objects.get(id=first).profile.name == "demo"
@@ -183,6 +198,8 @@ def test_agent_chat_ui_against_terret(
     expect(replies.last).to_contain_text(reply_to("hello instead"))
     wait_idle(first)
 
+    expect(humans).to_have_count(8)
+    expect(page.get_by_role("heading", name=re.compile("^Tool Result:"))).to_have_count(4)  # a, b, c, d: once each
     ws = workspaces / uuid.UUID(first).hex
     assert (ws / "a.txt").read_text() == "alpha"
     assert (ws / "b.txt").read_text() == "beta, edited"
@@ -192,8 +209,8 @@ def test_agent_chat_ui_against_terret(
     assert saw_streaming(page)
 
     # 3. Reload mid-run: the page comes back with the thread, each item once.
-    send(page, "hello again, " + "and again " * 40)
-    expect(replies.last).to_contain_text("hello again", timeout=10_000)
+    send(page, "hello again, " + "and again " * 80)
+    assert streaming_reply(first), "the reload comes while the reply streams"
     page.reload()
     expect(humans.last).to_contain_text("hello again")
     wait_idle(first)
