@@ -284,9 +284,14 @@ def search_threads(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
             raise InvalidInput("ids must be a list of thread ids")
         wanted = [u for u in (_uuid_or_none(i) for i in ids[:MAX_PAGE]) if u is not None]
         qs = qs.filter(id__in=wanted)
-    graph = (body.get("metadata") or {}).get("graph_id") if isinstance(body.get("metadata"), dict) else None
-    if graph:
-        qs = qs.filter(profile__name=str(graph))
+    raw = body.get("metadata")
+    metadata: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if metadata.get("graph_id"):
+        qs = qs.filter(profile__name=str(metadata["graph_id"]))
+    if metadata.get("assistant_id"):
+        # agent-chat-ui searches by assistant_id when it is configured with one.
+        names = [p.name for p in AgentProfile.objects.all() if mapping.assistant_id(p.name) == metadata["assistant_id"]]
+        qs = qs.filter(profile__name__in=names)
     status = body.get("status")
     rows = list(qs[offset : offset + limit]) if not status else _by_status(qs, str(status), offset, limit)
     return [thread(s, values=True) for s in rows]
@@ -571,8 +576,7 @@ def start_run(user: Any, thread_id: Any, body: dict[str, Any]) -> Started:
             raise NotSupported("a resume answers the thread's own interrupt; it cannot start from a checkpoint")
         if said is None:
             return _regenerate(user, session, at)
-        ops.session_for(user, session.id, "drive")
-        child = forks.fork(session.id, at, "historical", user=user)
+        child = forks.fork(session.id, at, "historical", user=user)  # the caller's own: they drive it
         return _inject(user, ops.session_for(user, child.id, "view"), said.text, strategy)
     if command is not None:
         return _resume(user, session, command)

@@ -162,6 +162,10 @@ def test_a_thread_without_a_graph_id_takes_its_first_runs_assistant(
     assert Session.objects.get(id=thread).profile.name == PROFILE
     found = post(client, "/lg/threads/search", {"metadata": {"graph_id": PROFILE}}, lg_token).json()
     assert [t["thread_id"] for t in found] == [thread]
+    by_id = {"metadata": {"assistant_id": mapping.assistant_id(PROFILE)}}  # agent-chat-ui's search for a uuid
+    assert [t["thread_id"] for t in post(client, "/lg/threads/search", by_id, lg_token).json()] == [thread]
+    other_id = {"metadata": {"assistant_id": mapping.assistant_id("aaa-first")}}
+    assert post(client, "/lg/threads/search", other_id, lg_token).json() == []
     other = run(client, lg_token, thread, {"assistant_id": "aaa-first", "input": say("switch")})
     assert other.status_code == 400, "bound now: a thread keeps the assistant it began with"
 

@@ -58,12 +58,23 @@ def is_delta(part: Any) -> bool:
 
 
 def committed(parts: list[Any]) -> list[tuple[str, str, Any]]:
-    """(id, event, data) of the frames made from committed events."""
+    """(id, event, data) of the frames made from committed events. A committed
+    AI message in messages-tuple depends on the connection (whole, or the chunk
+    completing the deltas that connection streamed), so it is compared by its
+    id, seq and tool calls; its text is checked in full by `values`."""
     return [
-        (p.id, p.event, p.data)
+        (p.id, p.event, as_committed(p))
         for p in parts
         if p.id is not None and p.event not in ("metadata", "end") and not is_delta(p)
     ]
+
+
+def as_committed(part: Any) -> Any:
+    message = part.data[0] if part.event == "messages" else {}
+    if message.get("type") not in ("ai", "AIMessageChunk"):
+        return part.data
+    calls = [(c["name"], c["args"]) for c in message["tool_calls"]]
+    return ["ai", message["id"], message["response_metadata"]["seq"], calls, part.data[1]]
 
 
 def unique_ids(parts: list[Any]) -> list[str]:
