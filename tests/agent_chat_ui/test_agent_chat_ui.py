@@ -99,6 +99,18 @@ def wait_idle(thread_id: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"thread {thread_id} still running")
 
 
+def send_to_interrupt(page: Any, text: str) -> None:
+    """Send `text` (which parks), and wait until the UI has settled on the
+    interrupt: after the run's stream ends, useStream re-reads the history and
+    the approval card resets its choice for the interrupt it then holds, so a
+    choice made before that is lost (upstream's behaviour, not the door's)."""
+    with page.expect_response(lambda r: r.url.endswith("/history") and r.request.method == "POST"):
+        send(page, text)
+    expect(page.get_by_text("Edit/Approve")).to_be_visible()
+    expect(page.get_by_role("button", name="Cancel")).to_have_count(0)
+    page.wait_for_timeout(300)  # the card's effect runs in the render after that answer
+
+
 def streaming_reply(thread_id: str, timeout: float = 20.0) -> bool:
     """Wait until the thread's open turn is in its model call, streaming."""
     from sessions_app.models import Event, Session
@@ -170,30 +182,25 @@ def test_agent_chat_ui_against_terret(
     wait_idle(first)
 
     # 2. Approvals: approved, edited, rejected; then typing at an interrupt (F2, F3, F5).
-    send(page, "write a.txt: alpha")
-    card = page.get_by_text("Edit/Approve")
-    expect(card).to_be_visible()  # the HITL card, not raw JSON: action_requests carry args
+    send_to_interrupt(page, "write a.txt: alpha")  # the HITL card, not raw JSON: action_requests carry args
     page.get_by_role("button", name="Approve", exact=True).click()
     expect(replies.last).to_contain_text("workspace.write returned")
     wait_idle(first)
 
-    send(page, "write b.txt: beta")
-    expect(page.get_by_text("Edit/Approve")).to_be_visible()
+    send_to_interrupt(page, "write b.txt: beta")
     field = next(t for t in page.locator("textarea").all() if t.input_value() == "beta")
     field.fill("beta, edited")
     page.get_by_role("button", name="Submit", exact=True).click()
     expect(replies.last).to_contain_text("workspace.write returned")
     wait_idle(first)
 
-    send(page, "write c.txt: gamma")
-    expect(page.get_by_text("Edit/Approve")).to_be_visible()
+    send_to_interrupt(page, "write c.txt: gamma")
     page.get_by_placeholder("Share feedback with the agent...").fill("not this one")
     page.get_by_role("button", name="Submit rejection").click()
     expect(replies.last).to_contain_text("did not run")
     wait_idle(first)
 
-    send(page, "write d.txt: delta")
-    expect(page.get_by_text("Edit/Approve")).to_be_visible()
+    send_to_interrupt(page, "write d.txt: delta")
     send(page, "hello instead")
     expect(replies.last).to_contain_text(reply_to("hello instead"))
     wait_idle(first)
