@@ -176,6 +176,27 @@ def delta_chunk(turn_seq: int | None, step: int, text: str) -> dict[str, Any]:
     }
 
 
+def completing_chunk(message: dict[str, Any], streamed: str) -> dict[str, Any]:
+    """A committed AI message whose text was streamed as deltas, as the chunk
+    that completes them: the text not streamed yet, and its tool calls.
+    Clients concatenate chunks of one id, so the whole message again would
+    show its text twice (a committed text that differs from what streamed,
+    cut to fit, adds nothing: the `values` that follow carry it)."""
+    content = str(message.get("content") or "")
+    rest = content[len(streamed) :] if content.startswith(streamed) else ""
+    calls = message.get("tool_calls") or []
+    return {
+        **message,
+        "type": "AIMessageChunk",
+        "content": rest,
+        "tool_calls": calls,
+        "tool_call_chunks": [
+            {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
+            for i, c in enumerate(calls)
+        ],
+    }
+
+
 @dataclass(frozen=True)
 class Request:
     seq: int
@@ -380,13 +401,20 @@ class Tracker:
 
 
 def interrupt_value(requests: list[Request]) -> dict[str, Any]:
-    """HumanInTheLoopMiddleware's HITLRequest for the calls parked in one step.
+    """HumanInTheLoopMiddleware's HITLRequest for the calls parked in one step
+    (langchain >= 1.0's ActionRequest: name, args, description).
     Every decision is allowed: reject is a deny, edit an approval with edited
     arguments (approvals_app.services.decide(edited_args=...))."""
     allowed = ["approve", "edit", "reject"]
     return {
         "action_requests": [
-            {"name": r.name, "arguments": r.args, "description": f"Tool execution requires approval\n\nTool: {r.name}"}
+            {
+                "name": r.name,
+                "args": r.args,
+                # langchain < 1.0's name for the same arguments, kept as an alias.
+                "arguments": r.args,
+                "description": f"Tool execution requires approval\n\nTool: {r.name}",
+            }
             for r in requests
         ],
         "review_configs": [{"action_name": r.name, "allowed_decisions": list(allowed)} for r in requests],

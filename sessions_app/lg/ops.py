@@ -19,17 +19,18 @@ from django.db.models import QuerySet
 
 from approvals_app import services as approval_services
 from sessions_app.api import ops
-from sessions_app.errors import InvalidInput, TerretError
+from sessions_app.errors import InvalidInput, TerretError, UnknownSession
 from sessions_app.lg import mapping
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import is_reviewer
-from sessions_app.services import forks
+from sessions_app.services import forks, inputs, sessions
 from sessions_app.validation import clean_text
 
 STATE_WINDOW = 5000
 PENDING_WINDOW = 200
 QUEUED_KINDS = ("input/queued", "input/deferred")
+MESSAGE_KINDS = ("user/message", "context/injected", "assistant/message", "tool/result")
 MAX_PAGE = 100
 MULTITASK = ("reject", "enqueue", "interrupt", "rollback")
 
@@ -103,6 +104,14 @@ def view(session: Session, *, upto: int | None = None, history: bool = False) ->
             interrupt = tracker.pending_interrupt()
             out.snapshots.append((seq, len(tracker.messages), _phase(tracker), interrupt))
     return out
+
+
+def head_of(tv: ThreadView) -> int | None:
+    """The thread's head checkpoint: the last history-making event (a
+    message, a park, a run's end), so that what comes after it (titles,
+    usage, a turn's start) does not make the checkpoint a client read look
+    old. /state and /history[0] name it; a run from it is no fork."""
+    return tv.snapshots[-1][0] if tv.snapshots else None
 
 
 def thread_status(session: Session) -> str:
@@ -181,7 +190,7 @@ def state(user: Any, thread_id: Any, checkpoint: Any = None) -> dict[str, Any]:
         if upto is None or upto > session.last_seq:
             raise InvalidInput(f"unknown checkpoint {str(checkpoint)[:64]!r}; checkpoints are 'seq-N'")
     tv = view(session, upto=upto, history=True)
-    head = upto if upto is not None else session.last_seq
+    head = upto if upto is not None else (head_of(tv) or session.last_seq)
     if upto is None:
         phase = {"idle": "idle", "interrupted": "interrupted", "error": "error"}.get(thread_status(session), "busy")
     else:
@@ -276,9 +285,15 @@ def search_threads(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
             raise InvalidInput("ids must be a list of thread ids")
         wanted = [u for u in (_uuid_or_none(i) for i in ids[:MAX_PAGE]) if u is not None]
         qs = qs.filter(id__in=wanted)
-    graph = (body.get("metadata") or {}).get("graph_id") if isinstance(body.get("metadata"), dict) else None
-    if graph:
-        qs = qs.filter(profile__name=clean_text("metadata.graph_id", str(graph)))
+    raw = body.get("metadata")
+    metadata: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if metadata.get("graph_id"):
+        qs = qs.filter(profile__name=clean_text("metadata.graph_id", str(metadata["graph_id"])))
+    if metadata.get("assistant_id"):
+        # agent-chat-ui searches by assistant_id when it is configured with one.
+        wanted_id = clean_text("metadata.assistant_id", str(metadata["assistant_id"]))
+        names = [p.name for p in AgentProfile.objects.all() if mapping.assistant_id(p.name) == wanted_id]
+        qs = qs.filter(profile__name__in=names)
     status = body.get("status")
     rows = list(qs[offset : offset + limit]) if not status else _by_status(qs, str(status), offset, limit)
     return [thread(s, values=True) for s in rows]
@@ -343,18 +358,31 @@ def create_thread(user: Any, body: dict[str, Any]) -> dict[str, Any]:
     else the caller's first profile by name. A client-chosen thread_id is
     accepted only when it names a thread of theirs and if_exists is do_nothing."""
     if body.get("thread_id"):
-        wanted = _uuid_or_none(body["thread_id"])
-        existing = Session.objects.filter(id=wanted).first() if wanted is not None else None
-        if existing is not None and body.get("if_exists") == "do_nothing":
-            return thread(ops.session_for(user, existing.id, "view"))
-        raise NotSupported("thread ids are chosen by Terret: create the thread without thread_id")
+        return thread(_existing_thread(user, body))
     metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     ref = metadata.get("graph_id") or metadata.get("assistant_id")
-    profile = profile_for(user, ref) if ref else ops.usable_profiles(user).first()
-    if profile is None:
-        raise UnknownAssistant("there is no profile to start a thread with")
-    created = ops.create_session(user, profile.name)
+    if not ref:
+        # As LangGraph's server does, the thread takes its first run's
+        # assistant (bind_profile in start_run), not an arbitrary default.
+        if not ops.usable_profiles(user).exists():
+            raise UnknownAssistant("there is no profile to start a thread with")
+        return thread(sessions.create_unbound_session(user))
+    created = ops.create_session(user, profile_for(user, ref).name)
     return thread(ops.session_for(user, created["id"], "view"))
+
+
+def _existing_thread(user: Any, body: dict[str, Any]) -> Session:
+    """A client-chosen thread id: only `if_exists: do_nothing` naming a thread
+    of the caller's. A thread of someone else's gets the answer a missing one
+    gets, so the answer does not tell which ids exist."""
+    refused = NotSupported("thread ids are chosen by Terret: create the thread without thread_id")
+    wanted = _uuid_or_none(body["thread_id"])
+    if wanted is None or body.get("if_exists") != "do_nothing":
+        raise refused
+    try:
+        return ops.session_for(user, wanted, "view")
+    except UnknownSession:
+        raise refused from None
 
 
 # ---------------------------------------------------------------- runs
@@ -433,11 +461,22 @@ class Started:
     open_seq: int
 
 
-def _text_of(input_: Any) -> str:
+@dataclass(frozen=True)
+class Said:
+    """What a run's input says: the user's text, and the tool messages it
+    carries (call id -> content): agent-chat-ui answers a pending tool call
+    with one when the user types at an interrupt."""
+
+    text: str
+    tool_replies: dict[str, str] = field(default_factory=dict)
+
+
+def _said(input_: Any) -> Said:
     """The user's text from LangGraph input: {"messages": [...]} (dicts with
-    role or type, content a string or a list of text parts), or a string."""
+    role or type, content a string or a list of text parts), or a string.
+    Checked as inject checks it, so it is refused before anything is written."""
     if isinstance(input_, str):
-        return input_
+        return Said(inputs.check_text(input_))
     if not isinstance(input_, dict):
         raise InvalidInput("input must be an object with messages")
     messages = input_.get("messages")
@@ -445,15 +484,23 @@ def _text_of(input_: Any) -> str:
         messages = [messages]
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("input.messages must name at least one message")
-    parts = []
+    parts: list[str] = []
+    replies: dict[str, str] = {}
     for m in messages:
         if isinstance(m, str):
             parts.append(m)
             continue
-        if not isinstance(m, dict) or (m.get("role") or m.get("type")) not in ("user", "human"):
+        if not isinstance(m, dict):
+            raise InvalidInput("input.messages: each message is an object or a string")
+        kind = m.get("role") or m.get("type")
+        if kind == "tool" and isinstance(m.get("tool_call_id"), str):
+            content = m.get("content")
+            replies[m["tool_call_id"]] = content if isinstance(content, str) else ""
+            continue
+        if kind not in ("user", "human"):
             raise InvalidInput("input.messages: only user (human) messages can be sent")
         parts.append(_content_text(m.get("content")))
-    return "\n\n".join(p for p in parts if p)
+    return Said(inputs.check_text("\n\n".join(p for p in parts if p)), replies)
 
 
 def _content_text(content: Any) -> str:
@@ -466,24 +513,32 @@ def _content_text(content: Any) -> str:
     raise InvalidInput("message content must be a string or a list of text parts")
 
 
-def _check_options(session: Session, body: dict[str, Any]) -> str:
+def _check_options(user: Any, session: Session, body: dict[str, Any]) -> tuple[str, AgentProfile | None]:
+    """The multitask strategy, and the profile an unbound thread's first run
+    binds it to (None: the thread has its profile)."""
     strategy = body.get("multitask_strategy") or "reject"
     if strategy not in MULTITASK:
         raise InvalidInput(f"multitask_strategy must be one of {', '.join(MULTITASK)}")
     if strategy == "rollback":
         raise NotSupported("multitask_strategy rollback is refused: Terret's log is append-only")
+    if body.get("interrupt_before") or body.get("interrupt_after"):
+        raise NotSupported("interrupt_before / interrupt_after: Terret interrupts at tool approvals only")
     ref = body.get("assistant_id")
+    if session.profile is None:
+        bind = profile_for(user, ref) if ref else ops.usable_profiles(user).first()
+        if bind is None:
+            raise UnknownAssistant("there is no profile to run this thread with")
+        return str(strategy), bind
     if ref and ref not in (_profile_name(session), mapping.assistant_id(_profile_name(session))):
         raise InvalidInput(
             f"thread {session.id} runs assistant {_profile_name(session)!r}; a thread keeps the assistant it began with"
         )
-    if body.get("interrupt_before") or body.get("interrupt_after"):
-        raise NotSupported("interrupt_before / interrupt_after: Terret interrupts at tool approvals only")
-    return str(strategy)
+    return str(strategy), None
 
 
 def _fork_point(session: Session, body: dict[str, Any]) -> int | None:
-    """The earlier checkpoint a run asks to start from (None: the head)."""
+    """The earlier checkpoint a run asks to start from (None: the head, by
+    head_of's rule: no history-making event came after it)."""
     checkpoint = body.get("checkpoint")
     point = body.get("checkpoint_id") or (checkpoint.get("checkpoint_id") if isinstance(checkpoint, dict) else None)
     if point is None:
@@ -491,30 +546,95 @@ def _fork_point(session: Session, body: dict[str, Any]) -> int | None:
     seq = mapping.parse_checkpoint_id(point)
     if seq is None or seq > session.last_seq:
         raise InvalidInput(f"unknown checkpoint {str(point)[:64]!r}; checkpoints are 'seq-N'")
-    return None if seq == session.last_seq else seq
+    head = head_of(view(session, history=True))
+    return None if head is None or seq >= head else seq
+
+
+def _no_input(value: Any) -> bool:
+    """Input that says nothing: absent, {}, "" or {"messages": []} (what
+    agent-chat-ui sends beside a command)."""
+    if value is None or value == "" or value == {}:
+        return True
+    return isinstance(value, dict) and set(value) <= {"messages"} and not value.get("messages")
 
 
 def start_run(user: Any, thread_id: Any, body: dict[str, Any]) -> Started:
     """Open (or resume into) a run: input becomes the user's message, a
     command.resume the verdicts on the parked calls. A run from an earlier
     checkpoint runs in a fork (a new thread: forks.fork, historical); the
-    log is never rewritten, and the run's Content-Location names the fork."""
+    log is never rewritten, and the run's Content-Location names the fork.
+    Everything a request says is checked before anything is written, so a
+    refused request changes nothing (no fork, no binding, no verdict)."""
     session = ops.session_for(user, thread_id, "view")
-    strategy = _check_options(session, body)
+    strategy, bind = _check_options(user, session, body)
+    command = body.get("command")
+    # With a command, LangGraph's server lets the command win over an empty input.
+    said = None if _no_input(body.get("input")) else _said(body.get("input"))
+    if command is not None and said is not None:
+        raise InvalidInput("send input or command, not both")
     at = _fork_point(session, body)
     if at is not None:
-        if body.get("command") is not None:
+        if command is not None:
             raise NotSupported("a resume answers the thread's own interrupt; it cannot start from a checkpoint")
-        child = forks.fork(session.id, at, "historical", user=user)
-        session = ops.session_for(user, child.id, "view")
-    command = body.get("command")
-    if command is not None and body.get("input") is not None:
-        raise InvalidInput("send input or command, not both")
+        if said is None:
+            return _regenerate(user, session, at)
+        child = forks.fork(session.id, at, "historical", user=user)  # the caller's own: they drive it
+        return _inject(user, ops.session_for(user, child.id, "view"), said.text, strategy)
     if command is not None:
         return _resume(user, session, command)
-    if body.get("input") is None:
+    if said is None:
         raise InvalidInput("a run needs input (messages) or command.resume")
-    return _inject(user, session, _text_of(body["input"]), strategy)
+    if bind is not None:
+        ops.session_for(user, session.id, "drive")
+        sessions.bind_profile(session.id, bind)
+    if strategy == "reject":
+        tv = view(session)
+        if tv.tracker.pending_interrupt() is not None:
+            return _answer_interrupt(user, session, tv, said)
+    return _inject(user, session, said.text, strategy)
+
+
+def _regenerate(user: Any, session: Session, at: int) -> Started:
+    """A run with no input from the checkpoint just before an AI message asks
+    the model for that reply again (forks.regenerate): a fork, by Terret's rule."""
+    nxt = (
+        Event.objects.filter(session_id=session.id, seq__gt=at, kind__in=MESSAGE_KINDS)
+        .order_by("seq")
+        .values_list("seq", "kind")
+        .first()
+    )
+    if nxt is None or nxt[1] != "assistant/message":
+        raise InvalidInput(
+            f"a run from checkpoint seq-{at} needs input; with none it regenerates the AI message that follows it"
+        )
+    child = forks.regenerate(session.id, nxt[0], user=user)
+    turn_seq = Session.objects.filter(id=child.id).values_list("open_turn_seq", flat=True).first()
+    if turn_seq is None:  # it ended already: the fork's last turn is the run
+        turn_seq = (
+            Event.objects.filter(session_id=child.id, kind="turn/start")
+            .order_by("-seq")
+            .values_list("seq", flat=True)[0]
+        )
+    return Started(child.id, mapping.run_id(child.id, turn_seq), turn_seq)
+
+
+def _answer_interrupt(user: Any, session: Session, tv: ThreadView, said: Said) -> Started:
+    """Input typed at an interrupt: every parked call is denied (the tool
+    message naming one gives its reason), and the text rides the resumed turn's
+    next step, so the model reads the denials and the text together. It is
+    queued before the verdicts, so the resumed step cannot miss it."""
+    ops.session_for(user, session.id, "drive")
+    ops.session_for(user, session.id, "approve")
+    waiting = sorted(tv.tracker.waiting.values(), key=lambda r: r.seq)
+    ops.inject(user, session.id, said.text, True, None, lane="steer")
+    last = None
+    for request in waiting:
+        reason = said.tool_replies.get(request.call_id) or "the user sent a new message instead"
+        last = approval_services.decide(
+            session.id, request.call_id, "deny", user=user, reason=reason, request_seq=request.seq
+        )
+    assert last is not None
+    return Started(session.id, mapping.run_id(session.id, last.seq), last.seq)
 
 
 def _inject(user: Any, session: Session, text: str, strategy: str) -> Started:

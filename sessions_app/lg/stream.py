@@ -51,15 +51,22 @@ def _in_thread(fn: Any) -> Any:
     return database_sync_to_async(fn, thread_sensitive=False, executor=POOL)
 
 
+DEFAULT_MODES = ("values",)
+
+
 def parse_modes(value: Any) -> tuple[str, ...]:
-    if value is None or value == []:
-        modes: list[Any] = ["values"]
-    elif isinstance(value, str):
-        modes = [value]
+    """The stream modes asked for. Absent or empty (None, "", [], [""]: what
+    the SDKs send for their default arguments, e.g. join_stream's
+    `stream_mode=`) is the run's own modes; Terret keeps no per-run modes, so
+    that is LangGraph's default for a run, values."""
+    if value is None or isinstance(value, str):
+        modes: list[Any] = [value] if value else []
     elif isinstance(value, list):
-        modes = value
+        modes = [m for m in value if m != ""]
     else:
         raise InvalidInput("stream_mode must be a string or a list of strings")
+    if not modes:
+        return DEFAULT_MODES
     bad = [m for m in modes if m not in MODES and m not in SILENT_MODES]
     if bad:
         raise InvalidInput(f"unknown stream_mode {str(bad[0])[:40]!r}; Terret streams {', '.join(MODES)}")
@@ -69,8 +76,8 @@ def parse_modes(value: Any) -> tuple[str, ...]:
 def parse_last_event_id(value: str | None) -> tuple[int, int] | None:
     """(seq, frames of that seq already received) for "N" / "N.k"; "N" means
     every frame of N was received."""
-    if not value:
-        return None
+    if not value or value.strip() == "-1":
+        return None  # "-1": useStream's joinStream asks for the run from its start
     seq_part, _, sub = value.strip().partition(".")
     if not (seq_part.isascii() and seq_part.isdigit()) or len(seq_part) > 18:
         raise InvalidInput("Last-Event-ID must be an id this stream sent ('N' or 'N.k')")
@@ -122,6 +129,8 @@ class RunStream:
         self.cursor = 0
         self.skip = 0
         self.partial: dict[int, str] = {}
+        self.streamed: dict[str, str] = {}  # message id -> the text this connection sent as deltas
+        self.committed: set[str] = set()  # ids of the AI messages this connection sent committed
         self.failed = False  # an error event went out: the stream ends after it
 
     # ------------------------------------------------------------ setup
@@ -157,6 +166,20 @@ class RunStream:
         interrupt = None
         if change.interrupt:
             interrupt = mapping.interrupt_of(self.sid, change.interrupt)
+        # The message frames go before `values`: useStream places a message
+        # it first meets in a `messages` frame at the end of the list it holds,
+        # so a `values` that already holds it would show it twice.
+        if change.message is not None and change.message["type"] != "human":
+            meta = {"langgraph_node": change.node, "langgraph_step": self.tracker.step, "run_id": self.plan.run_id}
+            if "messages-tuple" in modes:
+                out.append(("messages", [self._committed(change.message), meta]))
+            if "messages" in modes:
+                out.append(("messages/complete", [change.message]))
+        if "values" in modes and change.opened is mine and event.data.get("regenerate"):
+            # A run that takes in no input (a regenerate) starts with the state it
+            # answers, as LangGraph's first `values` does: a client showing the
+            # reply being replaced drops it before the new one streams in.
+            out.append(("values", {"messages": list(self.tracker.messages)}))
         if "values" in modes and (change.message is not None or interrupt is not None):
             values: dict[str, Any] = {"messages": list(self.tracker.messages)}
             if interrupt is not None:
@@ -166,18 +189,22 @@ class RunStream:
             out.append(("updates", {change.node: {"messages": [change.message]}}))
         if "updates" in modes and interrupt is not None:
             out.append(("updates", {"__interrupt__": [interrupt]}))
-        if change.message is not None and change.message["type"] != "human":
-            meta = {"langgraph_node": change.node, "langgraph_step": self.tracker.step, "run_id": self.plan.run_id}
-            if "messages-tuple" in modes:
-                out.append(("messages", [change.message, meta]))
-            if "messages" in modes:
-                out.append(("messages/complete", [change.message]))
         if "custom" in modes:
             out.append(("custom", {"seq": event.seq, "kind": event.kind, "data": event.data}))
         if change.error is not None:
             out.append(("error", {"error": "RunError", "message": change.error}))
             self.failed = True
         return out
+
+    def _committed(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A committed message for messages-tuple: whole, unless this
+        connection streamed its text already (then only what completes it)."""
+        ident = str(message.get("id"))
+        if message["type"] != "ai":
+            return message
+        self.committed.add(ident)
+        streamed = self.streamed.pop(ident, None)
+        return message if streamed is None else mapping.completing_chunk(message, streamed)
 
     def event_text(self, event: LoggedEvent) -> str:
         frames = self.frames_for(event)
@@ -196,9 +223,12 @@ class RunStream:
         if not text or self.tracker.turn_seq is None:
             return ""
         chunk = mapping.delta_chunk(self.tracker.turn_seq, step, text)
+        if chunk["id"] in self.committed:
+            return ""  # late: the step's message went out already, whole
         out = ""
         if "messages-tuple" in modes:
             meta = {"langgraph_node": "agent", "langgraph_step": step, "run_id": self.plan.run_id}
+            self.streamed[chunk["id"]] = self.streamed.get(chunk["id"], "") + text
             out += sse("messages", [chunk, meta])
         if "messages" in modes:
             self.partial[step] = self.partial.get(step, "") + text

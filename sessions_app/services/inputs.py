@@ -48,6 +48,12 @@ def resumable(session_id: uuid.UUID | str) -> bool:
     return Session.objects.filter(id=session_id, open_turn_seq__isnull=False).exists()
 
 
+def check_text(text: Any) -> str:
+    """Input text as inject admits it (InvalidInput otherwise): for a door
+    that must refuse bad input before a write of its own, e.g. a fork."""
+    return _check_text(text)
+
+
 def _check_text(text: Any) -> str:
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("text must be a non-empty string")

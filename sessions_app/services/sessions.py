@@ -32,6 +32,18 @@ def create_session(owner: Any, profile: AgentProfile, *, agent_id: str | None = 
     return session
 
 
+def create_unbound_session(owner: Any) -> Session:
+    """A session with no profile yet (the LangGraph door's thread created
+    without a graph id): its first run binds it (bind_profile)."""
+    return Session.objects.create(owner=owner, profile=None)
+
+
+def bind_profile(session_id: uuid.UUID | str, profile: AgentProfile) -> bool:
+    """Give an unbound session its profile; False if it had one already (the
+    update is conditional, so two first runs racing bind it once)."""
+    return Session.objects.filter(id=session_id, profile__isnull=True).update(profile=profile) == 1
+
+
 def spawn_agent(session: Session, profile: AgentProfile, *, agent_id: str | None = None) -> Agent:
     return registry.spawn(session, profile, agent_id=agent_id)
 

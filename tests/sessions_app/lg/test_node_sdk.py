@@ -1,7 +1,8 @@
 """The official JS client, @langchain/langgraph-sdk (pinned in tests/node/,
 installed by .ci/run with `npm ci`), runs the basic flow against a live
 daphne and a real Celery worker: thread, stream to the approval interrupt,
-state, resume with a decision (tests/node/smoke.mjs)."""
+state, resume with a decision (tests/node/smoke.mjs); and every method the
+door serves called with the client's default arguments (tests/node/defaults.mjs)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,35 @@ async def test_the_js_client_streams_an_interrupt_and_resumes(
     assert out["threadStatus"] == "idle"
     assert (tmp_path / uuid.UUID(out["threadId"]).hex / "notes.txt").read_text() == "from node"
     assert len(fake_llm.requests) == 2
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    text = str(body["messages"][-1].get("content") or "")
+    if "slow" in text:
+        return Reply(text="thinking " * 40, latency=3.0, chunk_delay=0.1)
+    return Reply(text=f"echo: {text}")
+
+
+async def test_the_js_client_with_its_default_arguments(
+    node: str, fake_llm: Any, start_worker: Any, lg_token: str
+) -> None:
+    """Every method the door serves, with the JS client's defaults (tests/node/defaults.mjs)."""
+    fake_llm.responder = echo
+    await asyncio.to_thread(start_worker)
+    server = await asyncio.to_thread(DaphneProcess(TERRET_WORKER="celery").start)
+    env = {**os.environ, "TERRET_LG_URL": f"{server.http}/lg", "TERRET_TOKEN": lg_token, "TERRET_PROFILE": PROFILE}
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, [node, "defaults.mjs"], cwd=NODE_DIR, env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        server.kill()
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["assistant"] == PROFILE and out["created"] == "idle" and out["searched"]
+    assert out["bound"] == PROFILE
+    assert out["parts"][0] == "metadata" and "values" in out["parts"] and out["parts"][-1] == "end"
+    assert "values" in out["replay"] and out["replay"][-1] == "end"
+    assert out["joined"] == "echo: one" and out["runStatus"] == "success" and out["sameHead"]
+    assert out["waited"] == "echo: two"
+    assert out["listed"] == 3 and out["cancelled"] == "interrupted"

@@ -51,16 +51,30 @@ def model(body: dict[str, Any]) -> Reply:
 
 
 def is_delta(part: Any) -> bool:
-    return part.event == "messages" and part.data[0]["type"] == "AIMessageChunk"
+    """A live token delta (a committed message streamed as deltas comes as the
+    chunk that completes them, with its seq)."""
+    chunk = part.data[0] if part.event == "messages" else {}
+    return chunk.get("type") == "AIMessageChunk" and "seq" not in chunk["response_metadata"]
 
 
 def committed(parts: list[Any]) -> list[tuple[str, str, Any]]:
-    """(id, event, data) of the frames made from committed events."""
+    """(id, event, data) of the frames made from committed events. A committed
+    AI message in messages-tuple depends on the connection (whole, or the chunk
+    completing the deltas that connection streamed), so it is compared by its
+    id, seq and tool calls; its text is checked in full by `values`."""
     return [
-        (p.id, p.event, p.data)
+        (p.id, p.event, as_committed(p))
         for p in parts
         if p.id is not None and p.event not in ("metadata", "end") and not is_delta(p)
     ]
+
+
+def as_committed(part: Any) -> Any:
+    message = part.data[0] if part.event == "messages" else {}
+    if message.get("type") not in ("ai", "AIMessageChunk"):
+        return part.data
+    calls = [(c["name"], c["args"]) for c in message["tool_calls"]]
+    return ["ai", message["id"], message["response_metadata"]["seq"], calls, part.data[1]]
 
 
 def unique_ids(parts: list[Any]) -> list[str]:
@@ -187,6 +201,12 @@ async def scenario(client: Any, servers: list[DaphneProcess], fake_llm: Any, wor
     assert "".join(resumed[i].data[0]["content"] for i in deltas) == "The file is written."
     # Live only: a delta carries no id of its own (the decoder keeps the last one).
     assert all(resumed[i].id == resumed[i - 1].id for i in deltas)
+    # The committed reply completes the deltas; its text is not sent again (F4).
+    completing = [
+        p.data[0] for p in resumed if p.event == "messages" and p.data[0]["id"] == resumed[deltas[0]].data[0]["id"]
+    ]
+    assert completing[-1]["type"] == "AIMessageChunk" and completing[-1]["content"] == ""
+    assert completing[-1]["response_metadata"]["seq"] > 0
     last_values = [p.data for p in resumed if p.event == "values"][-1]
     assert last_values["messages"][-1]["content"] == "The file is written."
     assert [m["type"] for m in last_values["messages"]] == ["human", "ai", "tool", "ai"]
