@@ -111,6 +111,12 @@ class TurnRunner:
         self.edited: dict[str, str] = {}
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
+        # Steers that wait behind a bounded take (the opening's, a drain's):
+        # they ride the next step, each step taking at most the intake bound.
+        # A claimed turn's workload tells whether any may wait; a turn this
+        # drive opens is told by its opening (drive.py).
+        work = lease.workload
+        self.steers_left = work.open_turn_seq is not None and work.last_input_seq > work.inbox_seq
 
     @property
     def registry(self) -> Registry:
@@ -212,7 +218,8 @@ class TurnRunner:
             step = st.max_step + 1
             if step > MAX_STEPS:
                 return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
-            if st.inbox_pending:
+            # Not before the first step: the opening's take is that step's intake.
+            if st.inbox_pending or (self.steers_left and st.max_step > 0):
                 self.flush()
                 self.drain_inbox()
                 st = self.outbox.state()
@@ -251,7 +258,7 @@ class TurnRunner:
 
     def drain_inbox(self) -> None:
         """Queued input rides into the next step as context/injected."""
-        admission.drain_inbox(self.sid, self.lease.fence)
+        self.steers_left = admission.drain_inbox(self.sid, self.lease.fence)
         self.view.refresh()
 
     def step(self, step: int, resuming: bool) -> Outcome | None:
