@@ -117,6 +117,7 @@ class TurnRunner:
         # drive opens is told by its opening (drive.py).
         work = lease.workload
         self.steers_left = work.open_turn_seq is not None and work.last_input_seq > work.inbox_seq
+        self.intake_step = 0  # the step whose steers were taken in at the step boundary already
 
     @property
     def registry(self) -> Registry:
@@ -222,6 +223,7 @@ class TurnRunner:
             if st.inbox_pending or (self.steers_left and st.max_step > 0):
                 self.flush()
                 self.drain_inbox()
+                self.intake_step = step
                 st = self.outbox.state()
             if st.max_step == 0 and not st.has_input:
                 return self.end("empty")
@@ -274,7 +276,7 @@ class TurnRunner:
         st = self.outbox.state()
         if st.cancel_requested:
             return self.close_cancelled(st)
-        if st.inbox_pending:
+        if st.inbox_pending and self.intake_step != step:  # one bounded intake a step
             self.drain_inbox()
             st = self.outbox.state()
         self.compacted_in_step = False

@@ -6,6 +6,7 @@ the worker's end to end is tests/sessions_app/runtime/test_intake_worker.py."""
 
 from __future__ import annotations
 
+import re
 import tracemalloc
 from typing import Any
 
@@ -15,8 +16,10 @@ from sessions_app import log, services
 from sessions_app.log.records import Fence
 from sessions_app.models import Event, Session
 from sessions_app.runtime import admission
+from sessions_app.runtime.drive import drive
 from sessions_app.services import inputs
 from sessions_app.services.inputs import MAX_INPUT_CHARS
+from tests.fakes.fake_llm import Reply
 from tests.helpers import events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
@@ -174,3 +177,39 @@ def test_opening_on_a_30_mb_backlog_holds_a_few_bounds_at_most(session: Session)
         tracemalloc.stop()
     assert peak < 4 * MIB, f"opening on a 30 MB backlog peaked at {peak} bytes"
     assert Event.objects.filter(session=session, kind="context/injected").count() == 10
+
+
+def test_a_running_turn_takes_a_steer_flood_one_bounded_part_a_step(
+    session: Session, settings: Any, fake_llm: Any
+) -> None:
+    settings.TERRET_INTAKE_MAX_ITEMS = 4
+    fake_llm.script(*[Reply(tool_calls=[("debug.noop", {})]) for _ in range(2)], Reply(text="done"))
+    busy(session)
+    flood(session, 10, lane="steer", size=20)
+    assert drive(session.id) == "ended"
+    firsts: dict[str, int] = {}
+    for n, body in enumerate(fake_llm.requests):
+        for found in re.findall(r"<w\d{3}>", str(body["messages"])):
+            firsts.setdefault(found, n)
+    assert [list(firsts.values()).count(n) for n in range(len(fake_llm.requests))] == [4, 4, 2]
+    assert list(firsts) == [f"<w{i:03d}>" for i in range(10)]
+    assert len(events(session, "turn/start")) == 1
+
+
+def test_steers_an_opening_left_behind_ride_the_turns_next_steps(
+    session: Session, settings: Any, fake_llm: Any
+) -> None:
+    settings.TERRET_INTAKE_MAX_ITEMS = 4
+    fake_llm.script(*[Reply(tool_calls=[("debug.noop", {})]) for _ in range(2)], Reply(text="done"))
+    busy(session)
+    flood(session, 10, lane="steer", size=20)
+    idle(session)  # the ten wait for a turn of their own: the worker's opening takes four
+    assert drive(session.id) == "ended"
+    firsts: dict[str, int] = {}
+    for n, body in enumerate(fake_llm.requests):
+        for found in re.findall(r"<w\d{3}>", str(body["messages"])):
+            firsts.setdefault(found, n)
+    assert [list(firsts.values()).count(n) for n in range(len(fake_llm.requests))] == [4, 4, 2]
+    assert list(firsts) == [f"<w{i:03d}>" for i in range(10)]
+    assert len(events(session, "turn/start")) == 2  # "first"'s, and the one turn for all ten
+    assert Session.objects.get(id=session.id).woken_steers == 0
