@@ -258,6 +258,12 @@ TERRET_CONTEXT_RESERVE_TOKENS = env_int("TERRET_CONTEXT_RESERVE_TOKENS", 4096, m
 # A provider's refusal naming no figures halves the believed window, never below this;
 # refused at or under it, a turn is blocked (context_overflow) for an operator.
 TERRET_CONTEXT_FLOOR_TOKENS = env_int("TERRET_CONTEXT_FLOOR_TOKENS", 4096, minimum=256)
+# Bounded intake (docs/protocol.md, "Lanes"): what one admission (a turn's opening, a
+# step's drain of steers) takes of the waiting lanes, in count and in bytes of text. A
+# flood of writes is taken in over several admissions, in order, so no process holds
+# more than this of it at once; one input is always taken, however long.
+TERRET_INTAKE_MAX_ITEMS = env_int("TERRET_INTAKE_MAX_ITEMS", 64, minimum=1)
+TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=1)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
 TERRET_FAILPOINTS = env_pauses("TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect"}))

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import TextField
+from django.db.models import BigIntegerField, Exists, Func, OuterRef, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from sessions_app.log import backends
 from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
-from sessions_app.log.records import LoggedEvent
+from sessions_app.log.records import Intake, LoggedEvent
 from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE
 from sessions_app.models import Agent, Event, Session
 
@@ -114,27 +116,103 @@ def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> l
     return [LoggedEvent(s, k, d) for s, k, d in rows]
 
 
-def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int) -> list[LoggedEvent]:
+def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int, bound: Intake) -> Waiting:
     """Steer-lane input not yet consumed: input/queued events after the inbox
-    cursor that no input/withdrawn took back."""
-    return _waiting(session_id, "input/queued", inbox_seq)
+    cursor that no input/withdrawn took back; a bounded prefix."""
+    return _waiting(session_id, "input/queued", inbox_seq, bound)
 
 
-def pending_deferred(session_id: uuid.UUID | str, cursor: int) -> list[LoggedEvent]:
+def pending_deferred(
+    session_id: uuid.UUID | str, cursor: int, bound: Intake, *, through_follow_up: bool = True
+) -> Waiting:
     """Follow-ups and passive writes not yet taken in (input/deferred after
-    the deferred cursor, less the withdrawn), in arrival order."""
-    return _waiting(session_id, "input/deferred", cursor)
+    the deferred cursor, less the withdrawn), in arrival order: a bounded
+    prefix that ends at the first follow-up (included, or not)."""
+    return _waiting(session_id, "input/deferred", cursor, bound, follow_up=through_follow_up)
 
 
-def _waiting(session_id: uuid.UUID | str, kind: str, cursor: int) -> list[LoggedEvent]:
-    rows = (
-        Event.objects.filter(session_id=session_id, kind__in=(kind, "input/withdrawn"), seq__gt=cursor)
-        .order_by("seq")
-        .values_list("seq", "kind", "data")
+@dataclass(frozen=True)
+class Waiting:
+    """A bounded prefix of a lane's waiting input, and whether more waits
+    after it (in the lane, within the read's stop)."""
+
+    items: list[LoggedEvent]
+    more: bool
+
+
+class _OctetLength(Func):
+    """The UTF-8 length of a text: what the intake bound counts."""
+
+    function = "OCTET_LENGTH"
+    output_field = BigIntegerField()
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def _waiting_rows(session_id: uuid.UUID | str, kind: str, cursor: int) -> QuerySet[Event]:
+    """A lane's input after its cursor that no input/withdrawn took back,
+    decided in SQL so a read can stop early (withdrawals are few, and each
+    probe walks the (session, kind, seq) index)."""
+    withdrawn = Event.objects.annotate(source=Cast(KeyTextTransform("source_seq", "data"), BigIntegerField())).filter(
+        session_id=OuterRef("session_id"), kind="input/withdrawn", seq__gt=OuterRef("seq"), source=OuterRef("seq")
     )
-    events = [LoggedEvent(s, k, d) for s, k, d in rows]
-    gone = {e.data["source_seq"] for e in events if e.kind == "input/withdrawn"}
-    return [e for e in events if e.kind == kind and e.seq not in gone]
+    return Event.objects.filter(session_id=session_id, kind=kind, seq__gt=cursor).exclude(Exists(withdrawn))
+
+
+def _waiting(
+    session_id: uuid.UUID | str, kind: str, cursor: int, bound: Intake, *, follow_up: bool | None = None
+) -> Waiting:
+    """The bounded prefix, read in two passes so the backlog never reaches
+    this process: first each candidate's seq, lane and text size (LIMIT:
+    one more than the count bound, to know whether more waits), then the
+    text of the prefix that fits the byte bound. `follow_up`: stop at the
+    deferred lane's first follow-up, taking it (True) or not (False)."""
+    sizes = (
+        _waiting_rows(session_id, kind, cursor)
+        .annotate(size=_OctetLength(KeyTextTransform("text", "data")), lane=KeyTextTransform("lane", "data"))
+        .order_by("seq")
+        .values_list("seq", "size", "lane")[: bound.items + 1]
+    )
+    taken: list[int] = []
+    total = 0
+    more = False
+    for seq, size, lane in sizes:
+        stop = follow_up is not None and lane == "follow_up"
+        if stop and not follow_up:
+            break  # the follow-up waits for a turn of its own
+        if len(taken) == bound.items or (taken and total + int(size or 0) > bound.max_bytes):
+            more = True
+            break
+        taken.append(seq)
+        total += int(size or 0)
+        if stop:
+            break
+    if not taken:
+        return Waiting([], more)
+    rows = Event.objects.filter(session_id=session_id, seq__in=taken).order_by("seq").values_list("seq", "kind", "data")
+    return Waiting([LoggedEvent(s, k, d) for s, k, d in rows], more)
+
+
+def first_waiting(
+    session_id: uuid.UUID | str,
+    kind: str,
+    cursor: int,
+    *,
+    wake: bool | None = None,
+    lane: str | None = None,
+    other_than: int | None = None,
+) -> int | None:
+    """The seq of a lane's first waiting input (a woken steer, a follow-up),
+    less `other_than`; None when none waits. One row's seq: no text read."""
+    rows = _waiting_rows(session_id, kind, cursor)
+    if wake is not None:
+        rows = rows.filter(data__wake=wake)
+    if lane is not None:
+        rows = rows.filter(data__lane=lane)
+    if other_than is not None:
+        rows = rows.exclude(seq=other_than)
+    return rows.order_by("seq").values_list("seq", flat=True).first()
 
 
 def input_fate(session_id: uuid.UUID | str, seq: int) -> tuple[LoggedEvent | None, LoggedEvent | None]:

@@ -32,6 +32,16 @@ class AppendedEvent:
 
 
 @dataclass(frozen=True)
+class Intake:
+    """The bound on one admission's take of a waiting lane: at most `items`
+    inputs and `max_bytes` bytes of their text, but always the first input
+    (a single input of the longest allowed still goes in)."""
+
+    items: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
 class LoggedEvent:
     """An event as a read returns it."""
 

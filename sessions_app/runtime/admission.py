@@ -7,55 +7,98 @@ service schedules it on commit; a drive is already running).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from sessions_app import log
-from sessions_app.log.reads import pending_deferred, pending_inputs
-from sessions_app.log.records import AppendedEvent, Fence, LoggedEvent
+from sessions_app.log.reads import Waiting, first_waiting, pending_deferred, pending_inputs
+from sessions_app.log.records import AppendedEvent, Fence, Intake, LoggedEvent
 from sessions_app.runtime import tracing
 
 
+def intake_bound() -> Intake:
+    """What one admission takes of the waiting lanes (settings, TERRET_INTAKE_*)."""
+    return Intake(settings.TERRET_INTAKE_MAX_ITEMS, settings.TERRET_INTAKE_MAX_BYTES)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A turn's opening: its turn/start seq, and whether steers still wait
+    behind what it took (the runner takes them in at its next step)."""
+
+    seq: int
+    steers_left: bool
+
+
 def open_turn(tx: log.SessionTx, text: str | None, by: str) -> int:
-    """turn/start, then whatever input waits, then the new text; returns the
-    turn/start seq. With `text` None (a worker opening a turn for woken
+    """turn/start, then a bounded prefix of the input that waits, then the
+    new text; returns the turn/start seq (see `open_taking`)."""
+    return open_taking(tx, text, by).seq
+
+
+def open_taking(tx: log.SessionTx, text: str | None, by: str) -> Opened:
+    """turn/start, then whatever input waits (within the intake bound), then
+    the new text. With `text` None (a worker opening a turn for woken
     input), the first waiting follow-up, or else the first woken steer,
     becomes the turn's user/message. TurnAlreadyOpen (nothing written) when
     a turn is open: the log refuses a second one, and the caller queues.
 
     What a turn's opening takes in, in arrival order (docs/protocol.md,
-    "Lanes"): every waiting steer, and the deferred lane up to and including
+    "Lanes"): the waiting steers, and the deferred lane up to and including
     its first follow-up (passive writes before it as context, the follow-up
     as the turn's message). Later passive writes and follow-ups wait for the
     turn after: one follow-up per turn, so each gets its own answer. A turn
     opened for new `text` stops before the first follow-up: a follow-up is
     never anyone's context. Taking a prefix of each lane is what lets both
     lanes keep a plain cursor.
+
+    The take is bounded (intake_bound, both lanes together, merged in
+    arrival order): a flood of waiting input is taken in over several
+    turns, never all at once. A turn opened for a follow-up that the bound
+    stops short of opens on context alone; the follow-up still waits, owed
+    its turn, and the next turn takes the next part, until one reaches it.
     """
     start = tx.append("turn/start", tracing.turn_start({"by": by} if by else {}))
     row = tx.row
+    bound = intake_bound()
     # The cursors say whether anything waits, without a read.
-    steers = pending_inputs(tx.session_id, row["inbox_seq"]) if row["last_input_seq"] > row["inbox_seq"] else []
-    deferred: list[LoggedEvent] = []
-    follow_up: LoggedEvent | None = None
+    steers = Waiting([], False)
+    if row["last_input_seq"] > row["inbox_seq"]:
+        steers = pending_inputs(tx.session_id, row["inbox_seq"], bound)
+    deferred = Waiting([], False)
     if row["deferred_seq"] > row["deferred_cursor"]:
-        for item in pending_deferred(tx.session_id, row["deferred_cursor"]):
-            if item.data["lane"] == "follow_up":
-                follow_up = item if text is None else None
-                break
-            deferred.append(item)
-    opener = None if text is not None else (follow_up or _first_woken(steers))
-    for item in sorted([*steers, *deferred, *([follow_up] if follow_up else [])], key=lambda e: e.seq):
+        deferred = pending_deferred(tx.session_id, row["deferred_cursor"], bound, through_follow_up=text is None)
+    taken = _within(sorted([*steers.items, *deferred.items], key=lambda e: e.seq), bound)
+    follow_up = next((e for e in taken if e.data.get("lane") == "follow_up"), None)
+    opener = None if text is not None else (follow_up or _first_woken(taken))
+    for item in taken:
         data: dict[str, Any] = {"text": item.data["text"], "source_seq": item.seq}
         if item.data.get("lane"):
             data["lane"] = item.data["lane"]
         tx.append("user/message" if item is opener else "context/injected", data)
     if text:
         tx.append("user/message", {"text": text})
-    return start.seq
+    took = {item.seq for item in taken}
+    return Opened(start.seq, steers.more or any(item.seq not in took for item in steers.items))
 
 
-def _first_woken(steers: list[LoggedEvent]) -> LoggedEvent | None:
-    return next((item for item in steers if item.data.get("wake")), None)
+def _within(items: list[LoggedEvent], bound: Intake) -> list[LoggedEvent]:
+    """The longest prefix of `items` within `bound` (at least one item)."""
+    out: list[LoggedEvent] = []
+    total = 0
+    for item in items:
+        size = len(item.data["text"].encode())
+        if out and (len(out) == bound.items or total + size > bound.max_bytes):
+            break
+        out.append(item)
+        total += size
+    return out
+
+
+def _first_woken(items: list[LoggedEvent]) -> LoggedEvent | None:
+    return next((item for item in items if item.data.get("wake")), None)
 
 
 def defer(tx: log.SessionTx, text: str, lane: str, by: str, key: str | None = None, **extra: Any) -> AppendedEvent:
@@ -82,14 +125,20 @@ def start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> list[Appen
     return log.append_many(session_id, items, guard="idle_empty_inbox")
 
 
-def drain_inbox(session_id: uuid.UUID, fence: Fence) -> None:
-    """Queued input rides into the running turn's next step as context/injected."""
+def drain_inbox(session_id: uuid.UUID, fence: Fence) -> bool:
+    """Queued input rides into the running turn's next step as
+    context/injected: a bounded prefix (intake_bound). Whether more steers
+    wait behind it, for the step after."""
     with log.locked(session_id, fence=fence) as tx:
-        for item in pending_inputs(session_id, tx.row["inbox_seq"]):
+        if tx.row["last_input_seq"] <= tx.row["inbox_seq"]:
+            return False
+        waiting = pending_inputs(session_id, tx.row["inbox_seq"], intake_bound())
+        for item in waiting.items:
             tx.append("context/injected", {"text": item.data["text"], "source_seq": item.seq})
+        return waiting.more
 
 
 def has_woken_input(session_id: uuid.UUID, inbox_seq: int, *, follow_ups: int = 0) -> bool:
     """Input that is owed a turn: a woken steer, or a follow-up (counted on
     the session row, so this reads nothing for them)."""
-    return follow_ups > 0 or any(item.data.get("wake") for item in pending_inputs(session_id, inbox_seq))
+    return follow_ups > 0 or first_waiting(session_id, "input/queued", inbox_seq, wake=True) is not None

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
-from sessions_app.log.reads import pending_deferred, pending_inputs, turn_events
+from sessions_app.log.reads import first_waiting, turn_events
 from sessions_app.log.records import Workload
 from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry
 from sessions_app.runtime import lease as leases
@@ -147,6 +147,7 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
     profile = lease.driving.profile
     assert profile is not None
     turn_seq = workload.open_turn_seq
+    opened: admission.Opened | None = None
     if turn_seq is None:
         over: limits.Stop | None = limits.hold_of(profile, suspended=lease.driving.suspended)
         if lease.driving.revoked:
@@ -160,7 +161,8 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
             with log.locked(sid, fence=lease.fence) as tx:
                 if not admission.has_woken_input(sid, tx.row["inbox_seq"], follow_ups=tx.row["queued_follow_ups"]):
                     return Outcome.IDLE, None
-                turn_seq = admission.open_turn(tx, None, "")
+                opened = admission.open_taking(tx, None, "")
+                turn_seq = opened.seq
                 # The row as the turn opens, not as claimed: a policy or model
                 # change in between precedes the turn, so the load would not see it.
                 lease.driving = leases.driving_from_row(profile, tx.row)
@@ -170,6 +172,8 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
             # release's workload names the open turn, so the next round drives it.
             return Outcome.IDLE, None
     runner = TurnRunner(sid, profile, lease)
+    if opened is not None:
+        runner.steers_left = opened.steers_left
     return runner.run(turn_seq), runner
 
 
@@ -180,11 +184,11 @@ def hold_input(sid: uuid.UUID, lease: leases.Lease, over: limits.Stop) -> None:
     with log.locked(sid, fence=lease.fence) as tx:
         if tx.row["held_seq"] is not None:
             return
-        woken = [i for i in pending_inputs(sid, tx.row["inbox_seq"]) if i.data.get("wake")]
-        if not woken and tx.row["queued_follow_ups"] > 0:
-            woken = [i for i in pending_deferred(sid, tx.row["deferred_cursor"]) if i.data["lane"] == "follow_up"]
-        if woken:
-            tx.append("input/held", {"source_seq": woken[0].seq, "reason": over.as_json(), "text": over.message})
+        woken = first_waiting(sid, "input/queued", tx.row["inbox_seq"], wake=True)
+        if woken is None and tx.row["queued_follow_ups"] > 0:
+            woken = first_waiting(sid, "input/deferred", tx.row["deferred_cursor"], lane="follow_up")
+        if woken is not None:
+            tx.append("input/held", {"source_seq": woken, "reason": over.as_json(), "text": over.message})
 
 
 def _spawn(sid: uuid.UUID, lease: leases.Lease) -> Outcome | None:

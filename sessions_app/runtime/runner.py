@@ -96,6 +96,13 @@ class TurnRunner:
         self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
+        # Steers that wait behind a bounded take (the opening's, a drain's):
+        # they ride the next step, each step taking at most the intake bound.
+        # A claimed turn's workload tells whether any may wait; a turn this
+        # drive opens is told by its opening (drive.py).
+        work = lease.workload
+        self.steers_left = work.open_turn_seq is not None and work.last_input_seq > work.inbox_seq
+        self.intake_step = 0  # the step whose steers were taken in at the step boundary already
 
     @property
     def registry(self) -> Registry:
@@ -194,9 +201,11 @@ class TurnRunner:
             step = st.max_step + 1
             if step > MAX_STEPS:
                 return self.end("failed", f"the turn exceeded {MAX_STEPS} steps")
-            if st.inbox_pending:
+            # Not before the first step: the opening's take is that step's intake.
+            if st.inbox_pending or (self.steers_left and st.max_step > 0):
                 self.flush()
                 self.drain_inbox()
+                self.intake_step = step
                 st = self.outbox.state()
             if st.max_step == 0 and not st.has_input:
                 return self.end("empty")
@@ -233,7 +242,7 @@ class TurnRunner:
 
     def drain_inbox(self) -> None:
         """Queued input rides into the next step as context/injected."""
-        admission.drain_inbox(self.sid, self.lease.fence)
+        self.steers_left = admission.drain_inbox(self.sid, self.lease.fence)
         self.view.refresh()
 
     def step(self, step: int, resuming: bool) -> Outcome | None:
@@ -249,7 +258,7 @@ class TurnRunner:
         st = self.outbox.state()
         if st.cancel_requested:
             return self.close_cancelled(st)
-        if st.inbox_pending:
+        if st.inbox_pending and self.intake_step != step:  # one bounded intake a step
             self.drain_inbox()
             st = self.outbox.state()
         self.compacted_in_step = False

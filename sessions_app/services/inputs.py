@@ -28,9 +28,8 @@ from sessions_app.log.catalogue import LANES
 from sessions_app.log.reads import (
     answered_by,
     event_at,
+    first_waiting,
     input_fate,
-    pending_deferred,
-    pending_inputs,
     turn_events,
     turn_start_before,
 )
@@ -339,21 +338,23 @@ def withdraw(session_id: uuid.UUID | str, seq: int, *, by: str = "") -> Receipt:
 def _cursor_moves(tx: log.SessionTx, seq: int, lane: str) -> dict[str, Any]:
     """How far the withdrawal may move its lane's cursor: up to the next
     input that still waits (all the way when none does), and only when
-    nothing before it still waits. Decided under the row lock."""
+    nothing before it still waits. Decided under the row lock, from the
+    seqs of single rows (never the lane's text: a lane may hold a flood)."""
     row = tx.row
     steer = lane == "steer"
     cursor, head = (row["inbox_seq"], row["last_input_seq"]) if steer else (row["deferred_cursor"], row["deferred_seq"])
-    waiting = pending_inputs(tx.session_id, cursor) if steer else pending_deferred(tx.session_id, cursor)
-    others = [e.seq for e in waiting if e.seq != seq]
+    kind = "input/queued" if steer else "input/deferred"
+    first = first_waiting(tx.session_id, kind, cursor, other_than=seq)
     out: dict[str, Any] = {}
-    if not any(o < seq for o in others):
-        to = min(others) - 1 if others else head
+    if first is None or first > seq:
+        to = first - 1 if first is not None else head
         if to > cursor:
             out["inbox_to" if steer else "deferred_to"] = to
     if row["held_seq"] is not None:
-        woken = [e for e in pending_inputs(tx.session_id, row["inbox_seq"]) if e.data.get("wake") and e.seq != seq]
-        follow = [e for e in pending_deferred(tx.session_id, row["deferred_cursor"]) if e.seq != seq]
-        if not woken and not any(e.data["lane"] == "follow_up" for e in follow):
+        sid = tx.session_id
+        woken = first_waiting(sid, "input/queued", row["inbox_seq"], wake=True, other_than=seq)
+        follow = first_waiting(sid, "input/deferred", row["deferred_cursor"], lane="follow_up", other_than=seq)
+        if woken is None and follow is None:
             out["unhold"] = True
     return out
 
