@@ -10,11 +10,14 @@ of the kinds in mapping.STATE_KINDS).
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 
 from approvals_app import services as approval_services
@@ -33,6 +36,8 @@ QUEUED_KINDS = ("input/queued", "input/deferred")
 MESSAGE_KINDS = ("user/message", "context/injected", "assistant/message", "tool/result")
 MAX_PAGE = 100
 MULTITASK = ("reject", "enqueue", "interrupt", "rollback")
+HISTORY_LIMIT = 10  # the SDKs' default
+HISTORY_MAX_BYTES = 4 * 1024 * 1024  # one history answer, whatever the thread's size
 
 
 class NotSupported(TerretError):
@@ -220,20 +225,78 @@ def _before_seq(before: Any) -> int | None:
 
 
 def history(user: Any, thread_id: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Checkpoints newest first: one after each message and each park."""
+    """Checkpoints newest first: one after each message and each park; `limit`
+    of them (the SDK's default, 10) before `before`, in at most
+    HISTORY_MAX_BYTES. Each checkpoint's values are the whole thread up to it,
+    so N checkpoints in full would be quadratic: the page's first carries its
+    values whole, the others whole while the budget lasts, then as stubs (each
+    message's id, type and tool call ids: what a client places messages by),
+    marked metadata.terret_values = "stubs". A page cut short by the budget
+    ends at a checkpoint; `before` it is the next page."""
     session = ops.session_for(user, thread_id, "view")
-    limit = _int(body.get("limit", 10), "limit", 1, 1000)
+    limit = _int(body.get("limit", HISTORY_LIMIT), "limit", 1, 1000)
     before = _before_seq(body.get("before"))
     tv = view(session, history=True)
     snaps = [s for s in tv.snapshots if before is None or s[0] < before]
+    sizes = _MessageSizes(tv.tracker.messages)
+    budget = HISTORY_MAX_BYTES
     out: list[dict[str, Any]] = []
     for i in range(len(snaps) - 1, -1, -1):
         if len(out) >= limit:
             break
         seq, n, phase, interrupt = snaps[i]
         parent = snaps[i - 1][0] if i > 0 else None
-        out.append(_state(session, tv, seq, n, phase, interrupt, parent))
+        checkpoint = _state(session, tv, seq, n, phase, interrupt, parent)
+        cost = _size({**checkpoint, "values": None}) + sizes.whole(n)
+        if out and cost > budget:
+            checkpoint["values"] = {"messages": sizes.stubs[:n]}
+            checkpoint["metadata"]["terret_values"] = "stubs"
+            cost += sizes.stub(n) - sizes.whole(n)
+            if cost > budget:
+                break
+        budget -= cost
+        out.append(checkpoint)
     return out
+
+
+def _size(value: Any) -> int:
+    """Its JSON's length as JsonResponse writes it (ASCII, default separators)."""
+    return len(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+class _MessageSizes:
+    """Each message's size, whole and as a stub, summed once: a checkpoint's
+    values cost O(1) to price, not a serialisation of the thread."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.stubs = [_stub(m) for m in messages]
+        self._whole = list(accumulate((_size(m) + 2 for m in messages), initial=0))
+        self._stub = list(accumulate((_size(m) + 2 for m in self.stubs), initial=0))
+
+    def whole(self, n: int) -> int:
+        return self._whole[n] + 20
+
+    def stub(self, n: int) -> int:
+        return self._stub[n] + 20
+
+
+def _stub(message: dict[str, Any]) -> dict[str, Any]:
+    stub: dict[str, Any] = {
+        "type": message["type"],
+        "content": "",
+        "id": message.get("id"),
+        "name": message.get("name"),
+        "additional_kwargs": {},
+        "response_metadata": {"terret_stub": True},
+    }
+    if message["type"] == "ai":
+        calls = message.get("tool_calls") or []
+        stub["tool_calls"] = [{"name": c["name"], "args": {}, "id": c["id"], "type": "tool_call"} for c in calls]
+        stub["invalid_tool_calls"] = []
+    elif message["type"] == "tool":
+        stub["tool_call_id"] = message.get("tool_call_id")
+        stub["status"] = message.get("status")
+    return stub
 
 
 def thread(session: Session, *, values: bool = True) -> dict[str, Any]:
@@ -720,6 +783,13 @@ def cancel_run(user: Any, thread_id: Any, run_id: Any, action: str) -> dict[str,
         raise RunNotActive(f"run {run_id} has ended ({seg.status})")
     ops.cancel(user, session.id)
     return get_run(user, session.id, run_id)
+
+
+def run_withdrawn(session_id: uuid.UUID, open_seq: int) -> bool:
+    """Whether the queued input that names a pending run was withdrawn (it
+    never runs): one query, so a join on a pending run need not re-read the thread."""
+    gone = Event.objects.filter(session_id=session_id, kind="input/withdrawn", seq__gt=open_seq)
+    return gone.filter(data__source_seq=open_seq).exists()
 
 
 def run_ended(session_id: uuid.UUID, run_id: str) -> bool:

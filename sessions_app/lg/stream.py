@@ -14,16 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import aclosing
+from dataclasses import dataclass, replace
 from typing import Any
 
 from channels.db import database_sync_to_async
 
 from sessions_app.api import ops as api_ops
+from sessions_app.api.auth import token_is_live
+from sessions_app.api.errors import Unauthenticated
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping, ops
 from sessions_app.log import hints
@@ -40,8 +44,14 @@ MODES = ("values", "updates", "messages-tuple", "messages", "custom")
 # of the kinds they describe.
 SILENT_MODES = ("events", "tasks", "checkpoints", "debug", "tools", "lifecycle")
 PAGE = 200
-POLL_SECONDS = 1.0
-CHECK_SECONDS = 5.0
+# Hints from the hub say when to read (only the events after the cursor);
+# the poll is the net under a lost hint: every POLL_SECONDS while the hub
+# delivers, every UNWATCHED_POLL_SECONDS when it could not subscribe.
+POLL_SECONDS = 5.0
+UNWATCHED_POLL_SECONDS = 1.0
+TOKEN_CHECK_SECONDS = 2.0  # a revoked token ends the stream within this (plus TOKEN_CACHE_SECONDS)
+TOKEN_CACHE_SECONDS = 1.0
+CHECK_SECONDS = 5.0  # the thread's access and a pending run's withdrawal
 KEEPALIVE_SECONDS = 15.0
 
 POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="terret-lg-read")
@@ -101,6 +111,7 @@ class Plan:
     modes: tuple[str, ...]
     resume: tuple[int, int] | None  # from Last-Event-ID
     user: Any
+    token_id: int | None = None  # the request's token, re-checked while the stream lasts
 
 
 class _Listener:
@@ -109,8 +120,10 @@ class _Listener:
     def __init__(self) -> None:
         self.news = asyncio.Event()
         self.deltas: deque[dict[str, Any]] = deque(maxlen=1024)
+        self.target = 0  # the newest seq a hint named
 
     def on_hint(self, seq: int) -> None:
+        self.target = max(self.target, seq)
         self.news.set()
 
     def on_delta(self, frame: str) -> None:
@@ -238,7 +251,7 @@ class RunStream:
 
     # ------------------------------------------------------------ the loop
 
-    async def body(self) -> AsyncIterator[str]:
+    async def body(self) -> AsyncGenerator[str]:
         listener = _Listener()
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         watching = False
@@ -251,62 +264,113 @@ class RunStream:
             await _in_thread(self.prime)()
             if self.plan.resume is None:
                 yield sse("metadata", {"run_id": self.plan.run_id, "attempt": 1})
-            async for text in self._follow(listener):
+            poll = POLL_SECONDS if watching else UNWATCHED_POLL_SECONDS
+            async for text in self._follow(listener, poll):
                 yield text
         finally:
             if watching:
                 await hub.process_hub().unsubscribe(self.plan.session_id, listener)
 
-    async def _follow(self, listener: _Listener) -> AsyncIterator[str]:
+    async def _follow(self, listener: _Listener, poll: float) -> AsyncIterator[str]:
+        """Reads only what a hint names past the cursor (or what the poll
+        finds): an idle stream costs no read of the thread, only the token's
+        check every TOKEN_CHECK_SECONDS (shared by the token's streams)."""
         loop = asyncio.get_running_loop()
-        checked = loop.time()
-        quiet_since = loop.time()
+        now = loop.time()
+        polled = checked = token_checked = quiet_since = now
+        read = True
         while True:
             seg = self.segment()
             if seg is not None and seg.ended:
                 yield sse("end", None)
                 return
             listener.news.clear()
-            rows = await _in_thread(events_after)(self.plan.session_id, self.cursor, PAGE)
-            for event in rows:
-                text = self.event_text(event)
-                self.cursor, self.skip = event.seq, 0
-                if text:
-                    quiet_since = loop.time()
-                    yield text
-                seg = self.segment()
-                if self.failed:
-                    return
-                if seg is not None and seg.ended:
-                    break
-            if rows and len(rows) == PAGE:
-                continue
+            if read or listener.target > self.cursor:
+                read = False
+                polled = loop.time()
+                rows = await _in_thread(events_after)(self.plan.session_id, self.cursor, PAGE)
+                for event in rows:
+                    text = self.event_text(event)
+                    self.cursor, self.skip = event.seq, 0
+                    if text:
+                        quiet_since = loop.time()
+                        yield text
+                    if self.failed:
+                        return
+                    seg = self.segment()
+                    if seg is not None and seg.ended:
+                        break
+                if len(rows) == PAGE or (seg is not None and seg.ended):
+                    read = True
+                    continue
             while listener.deltas:
                 text = self.delta_text(listener.deltas.popleft())
                 if text:
                     yield text
-            if seg is not None and seg.ended:
-                continue
+            now = loop.time()
+            wake = min(polled + poll * random.uniform(0.8, 1.2), token_checked + TOKEN_CHECK_SECONDS)
             try:
-                await asyncio.wait_for(listener.news.wait(), POLL_SECONDS)
+                await asyncio.wait_for(listener.news.wait(), max(0.01, wake - now))
             except TimeoutError:
                 pass
-            if loop.time() - checked > CHECK_SECONDS:
-                checked = loop.time()
+            now = loop.time()
+            read = now - polled >= poll * 0.8
+            if now - token_checked >= TOKEN_CHECK_SECONDS:
+                token_checked = now
+                await self._check_token()
+            if now - checked >= CHECK_SECONDS:
+                checked = now
                 if not await _in_thread(self._still_allowed)():
                     yield sse("end", None)
                     return
-            if loop.time() - quiet_since > KEEPALIVE_SECONDS:
-                quiet_since = loop.time()
+            if now - quiet_since > KEEPALIVE_SECONDS:
+                quiet_since = now
                 yield ": keep-alive\n\n"
 
+    async def _check_token(self) -> None:
+        """A revoked token (or its user deactivated) ends the stream (raises)."""
+        if self.plan.token_id is not None and not await token_live(self.plan.token_id):
+            raise Unauthenticated("the token was revoked")
+
     def _still_allowed(self) -> bool:
-        """A token revoked mid-stream ends the stream (raises). False when the
+        """The thread still visible to the user (else raises). False when the
         run never opened and never will (queued input that was withdrawn)."""
         api_ops.session_for(self.plan.user, self.plan.session_id, "view")
         if self.segment() is not None:
             return True
-        return bool(ops.get_run(self.plan.user, self.plan.session_id, self.plan.run_id)["status"] == "pending")
+        return not ops.run_withdrawn(self.plan.session_id, self.plan.open_seq)
+
+
+_token_checks: dict[int, tuple[float, bool]] = {}
+
+
+async def token_live(token_id: int) -> bool:
+    """Whether the token is live, read at most once per TOKEN_CACHE_SECONDS
+    per process however many streams, joins and waits ride it (24 joins of
+    one user cost one indexed query a second, not 24)."""
+    now = asyncio.get_running_loop().time()
+    found = _token_checks.get(token_id)
+    if found is not None and now - found[0] < TOKEN_CACHE_SECONDS:
+        return found[1]
+    live = bool(await _in_thread(token_is_live)(token_id))
+    if len(_token_checks) > 10_000:
+        _token_checks.clear()
+    _token_checks[token_id] = (asyncio.get_running_loop().time(), live)
+    return live
+
+
+async def wait_for_end(plan: Plan, limit: float) -> bool:
+    """Wait for the run to end (True) or `limit` seconds (False), the way a
+    stream follows it: hints from the hub, then only the events after the
+    cursor; never the thread re-read per tick. A revoked token raises."""
+    follower = RunStream(replace(plan, modes=(), resume=None))
+    try:
+        async with asyncio.timeout(limit), aclosing(follower.body()) as frames:
+            async for _ in frames:
+                pass
+    except TimeoutError:
+        return False
+    return True
 
 
 async def guarded(stream: RunStream) -> AsyncIterator[str]:

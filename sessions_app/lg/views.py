@@ -10,7 +10,6 @@ waiting views are async, with their database work in threads.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -31,7 +30,6 @@ from sessions_app.lg import ops, stream
 
 logger = logging.getLogger(__name__)
 
-JOIN_POLL_SECONDS = 0.5
 JOIN_MAX_SECONDS = 290.0  # below the SDK's 300 s read timeout
 ALLOWED_HEADERS = "authorization, x-api-key, content-type, last-event-id, cache-control, accept, x-request-id"
 EXPOSED_HEADERS = "Content-Location, Location"
@@ -82,7 +80,13 @@ def user_of(request: HttpRequest) -> Any:
     found = authenticate_token(raw.strip())
     if found is None:
         raise Unauthenticated("the token is invalid or revoked")
+    # Streams, joins and waits re-check it while they last (stream.token_live).
+    request.lg_token_id = found.pk  # type: ignore[attr-defined]
     return found.user
+
+
+def token_id_of(request: HttpRequest) -> int | None:
+    return getattr(request, "lg_token_id", None)
 
 
 def body_of(request: HttpRequest) -> dict[str, Any]:
@@ -232,7 +236,7 @@ def thread_state_at(request: HttpRequest, user: Any, body: dict[str, Any], threa
 @json_view(("GET", "POST"))
 def thread_history(request: HttpRequest, user: Any, body: dict[str, Any], thread_id: str) -> Any:
     if request.method == "GET":
-        body = {"limit": _query_int(request, "limit", 10)}
+        body = {"limit": _query_int(request, "limit", ops.HISTORY_LIMIT)}
     return ops.history(user, thread_id, body)
 
 
@@ -273,7 +277,7 @@ def run_detail(request: HttpRequest, user: Any, body: dict[str, Any], thread_id:
 async def runs_stream(request: HttpRequest, user: Any, body: dict[str, Any], thread_id: str) -> HttpResponseBase:
     modes = stream.parse_modes(body.get("stream_mode"))
     started = await _db(ops.start_run)(user, thread_id, body)
-    plan = stream.Plan(started.session_id, started.run_id, started.open_seq, modes, None, user)
+    plan = stream.Plan(started.session_id, started.run_id, started.open_seq, modes, None, user, token_id_of(request))
     response = _sse_response(request, plan)
     if body.get("on_disconnect") == "cancel":
         response.streaming_content = _cancel_on_close(response.streaming_content, user, started)  # type: ignore[assignment]
@@ -298,30 +302,33 @@ async def run_stream(
     modes = stream.parse_modes(request.GET.getlist("stream_mode") or None)
     resume = stream.parse_last_event_id(request.headers.get("Last-Event-ID"))
     record = await _db(ops.get_run)(user, thread_id, run_id)
-    plan = stream.Plan(ops.parse_thread(thread_id), run_id, int(record["metadata"]["open_seq"]), modes, resume, user)
+    open_seq = int(record["metadata"]["open_seq"])
+    plan = stream.Plan(ops.parse_thread(thread_id), run_id, open_seq, modes, resume, user, token_id_of(request))
     return _sse_response(request, plan)
 
 
-async def _wait_ended(user: Any, thread_id: Any, run_id: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + JOIN_MAX_SECONDS
-    while loop.time() < deadline:
-        record = await _db(ops.get_run)(user, thread_id, run_id)
-        if record["status"] not in ("pending", "running"):
-            return
-        await asyncio.sleep(JOIN_POLL_SECONDS)
+async def _wait_ended(request: HttpRequest, user: Any, thread_id: Any, run_id: str) -> None:
+    """Until the run ends (at most JOIN_MAX_SECONDS): followed as a stream
+    follows it (stream.wait_for_end: pushed by the hub, the token re-checked),
+    after one read of the run."""
+    record = await _db(ops.get_run)(user, thread_id, run_id)
+    if record["status"] not in ("pending", "running"):
+        return
+    open_seq = int(record["metadata"]["open_seq"])
+    plan = stream.Plan(ops.parse_thread(thread_id), run_id, open_seq, (), None, user, token_id_of(request))
+    await stream.wait_for_end(plan, JOIN_MAX_SECONDS)
 
 
 @async_view(("GET",))
 async def run_join(request: HttpRequest, user: Any, body: dict[str, Any], thread_id: str, run_id: str) -> HttpResponse:
-    await _wait_ended(user, thread_id, run_id)
+    await _wait_ended(request, user, thread_id, run_id)
     return _json(await _db(ops.values_of)(user, thread_id))
 
 
 @async_view(("POST",))
 async def runs_wait(request: HttpRequest, user: Any, body: dict[str, Any], thread_id: str) -> HttpResponse:
     started = await _db(ops.start_run)(user, thread_id, body)
-    await _wait_ended(user, started.session_id, started.run_id)
+    await _wait_ended(request, user, started.session_id, started.run_id)
     response = _json(await _db(ops.values_of)(user, started.session_id))
     response["Content-Location"] = run_paths(str(started.session_id), started.run_id, ())["Content-Location"]
     return response
@@ -335,7 +342,7 @@ async def run_cancel(
     wait=1, answer once the run has ended."""
     record = await _db(ops.cancel_run)(user, thread_id, run_id, request.GET.get("action", "interrupt"))
     if request.GET.get("wait") in ("1", "true"):
-        await _wait_ended(user, thread_id, run_id)
+        await _wait_ended(request, user, thread_id, run_id)
         record = await _db(ops.get_run)(user, thread_id, run_id)
     return _json(record)
 
