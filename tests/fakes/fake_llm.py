@@ -37,9 +37,15 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from sessions_app.llm.openai import to_wire
+if __package__ in (None, ""):
+    # Run as a file (`python tests/fakes/fake_llm.py`, as the docs and briefs
+    # start it), the repository root is not on sys.path as it is under -m.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from sessions_app.llm.openai import to_wire  # noqa: E402
 
 MODES = ("final", "tool-then-final", "always-tool")
 CONTEXT_CODE = "context_length_exceeded"
