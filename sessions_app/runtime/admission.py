@@ -61,16 +61,7 @@ def open_taking(tx: log.SessionTx, text: str | None, by: str) -> Opened:
     its turn, and the next turn takes the next part, until one reaches it.
     """
     start = tx.append("turn/start", tracing.turn_start({"by": by} if by else {}))
-    row = tx.row
-    bound = intake_bound()
-    # The cursors say whether anything waits, without a read.
-    steers = Waiting([], False)
-    if row["last_input_seq"] > row["inbox_seq"]:
-        steers = pending_inputs(tx.session_id, row["inbox_seq"], bound)
-    deferred = Waiting([], False)
-    if row["deferred_seq"] > row["deferred_cursor"]:
-        deferred = pending_deferred(tx.session_id, row["deferred_cursor"], bound, through_follow_up=text is None)
-    taken = _within(sorted([*steers.items, *deferred.items], key=lambda e: e.seq), bound)
+    steers, _, taken = _take(tx, through_follow_up=text is None)
     follow_up = next((e for e in taken if e.data.get("lane") == "follow_up"), None)
     opener = None if text is not None else (follow_up or _first_woken(taken))
     for item in taken:
@@ -82,6 +73,33 @@ def open_taking(tx: log.SessionTx, text: str | None, by: str) -> Opened:
         tx.append("user/message", {"text": text})
     took = {item.seq for item in taken}
     return Opened(start.seq, steers.more or any(item.seq not in took for item in steers.items))
+
+
+def takes_all(tx: log.SessionTx) -> bool:
+    """Whether a turn opened now for new text would take in everything that
+    waits. False when the backlog is larger than one take (intake_bound):
+    then the new text must queue behind it as a follow-up, or it would be
+    answered ahead of input that arrived before it."""
+    row = tx.row
+    if row["last_input_seq"] <= row["inbox_seq"] and row["deferred_seq"] <= row["deferred_cursor"]:
+        return True  # the cursors say nothing waits, without a read
+    steers, deferred, taken = _take(tx, through_follow_up=False)
+    return not (steers.more or deferred.more) and len(taken) == len(steers.items) + len(deferred.items)
+
+
+def _take(tx: log.SessionTx, *, through_follow_up: bool) -> tuple[Waiting, Waiting, list[LoggedEvent]]:
+    """The waiting steers and deferred input (bounded reads), and the prefix
+    of both, merged in arrival order, that one opening takes."""
+    row = tx.row
+    bound = intake_bound()
+    # The cursors say whether anything waits, without a read.
+    steers = Waiting([], False)
+    if row["last_input_seq"] > row["inbox_seq"]:
+        steers = pending_inputs(tx.session_id, row["inbox_seq"], bound)
+    deferred = Waiting([], False)
+    if row["deferred_seq"] > row["deferred_cursor"]:
+        deferred = pending_deferred(tx.session_id, row["deferred_cursor"], bound, through_follow_up=through_follow_up)
+    return steers, deferred, _within(sorted([*steers.items, *deferred.items], key=lambda e: e.seq), bound)
 
 
 def _within(items: list[LoggedEvent], bound: Intake) -> list[LoggedEvent]:

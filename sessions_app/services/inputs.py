@@ -259,6 +259,10 @@ def _admit(
     # arrival order: new input queues behind them in its lane (a steer rides
     # the next turn), never opening a turn that would take them in as context.
     busy = tx.row["open_turn_seq"] is not None or tx.row["queued_follow_ups"] > 0
+    if wake and not busy and not admission.takes_all(tx):
+        # More waits than one turn takes in (the intake bound): the new text
+        # gets its own turn after the backlog, which turns of context drain.
+        return _defer(tx, text, "follow_up", by, key)
     if wake and not busy:
         try:
             turn_seq = admission.open_turn(tx, text, by)

@@ -80,6 +80,33 @@ def test_a_passive_flood_is_taken_in_over_bounded_openings_in_order_exactly_once
     assert (row.deferred_cursor, row.queued_follow_ups) == (follow, 0)
 
 
+@pytest.mark.parametrize("lane", ["follow_up", None])
+def test_input_on_an_idle_session_waits_behind_a_backlog_larger_than_one_take(
+    session: Session, lane: str | None
+) -> None:
+    """New text reaching an idle session with more waiting than one opening
+    takes is never answered ahead of it: it queues as a follow-up, and the
+    backlog's turns reach it in arrival order (found from outside: the
+    follow-up opened at once with ten of 300 writes, the rest unseen)."""
+    written = flood(session, 25)
+    receipt = services.inject(session.id, "and now?", lane=lane, wake=True)  # type: ignore[arg-type]
+    assert (receipt.disposition, receipt.lane) == ("queued", "follow_up")
+    assert not Event.objects.filter(session=session, kind="turn/start").exists()
+    taken: list[int] = []
+    while Session.objects.get(id=session.id).queued_follow_ups:
+        taken += [d["source_seq"] for _, d in open_and_close(session)]
+        assert len(taken) <= 26
+    assert taken == [*written, receipt.seq]
+
+
+def test_input_on_an_idle_session_opens_its_turn_when_the_backlog_fits_one_take(session: Session) -> None:
+    written = flood(session, 3)
+    receipt = services.inject(session.id, "and now?", wake=True)
+    assert receipt.disposition == "started"
+    took = Event.objects.filter(session=session, kind="context/injected").values_list("data", flat=True)
+    assert [d["source_seq"] for d in took] == written
+
+
 def test_a_turn_short_of_its_follow_up_opens_on_context_and_the_follow_up_stays_owed(
     session: Session, settings: Any
 ) -> None:
