@@ -58,8 +58,8 @@ def test_the_form_unchanged_box_is_no_edit_and_a_denial_ignores_it(rclient: Clie
     unchanged = json.dumps({"path": "a.txt", "content": "x"}, indent=2)
     rclient.post(decide_url(session), form(seq, "approve", unchanged), **HTMX)
     assert "edited_args" not in events(session, "approval/resolved")[0]
-    seq = park(session.id, "c1")
-    rclient.post(decide_url(session), form(seq, "deny", "{not json"), **HTMX)
+    seq = park(session.id, "c2", new_turn=False)  # the turn is still open: the log refuses a second
+    rclient.post(decide_url(session), {**form(seq, "deny", "{not json"), "call_id": "c2"}, **HTMX)
     assert events(session, "approval/resolved")[1]["verdict"] == "deny"
 
 
