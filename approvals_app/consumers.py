@@ -29,8 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from approvals_app.listeners import GROUP
 from approvals_app.selectors import pending_count
-from sessions_app.api.errors import Unauthenticated
-from sessions_app.errors import NotAllowed, TerretError
+from sessions_app.errors import NotAllowed, TerretError, Unauthenticated
 from sessions_app.log import hints
 from sessions_app.permissions import is_reviewer
 from sessions_app.sockets.auth import live_user

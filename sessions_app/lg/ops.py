@@ -1,6 +1,6 @@
 """What a LangGraph client may do, in Terret's terms.
 
-Every check and write goes through sessions_app/api/ops.py (the rulebook the
+Every check and write goes through sessions_app/actions/ (the rulebook the
 JSON API and the session socket share): the same permission questions, the
 same services, the same errors. This module only translates: a thread is a
 session, an assistant a profile, a run a segment of a turn (mapping.py), a
@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from approvals_app import services as approval_services
-from sessions_app.api import ops
+from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping
 from sessions_app.log.records import LoggedEvent
@@ -174,7 +174,7 @@ def _state(
 
 def state(user: Any, thread_id: Any, checkpoint: Any = None) -> dict[str, Any]:
     """The thread's state now, or at checkpoint "seq-N" (read-only)."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     upto = None
     if checkpoint is not None:
         upto = mapping.parse_checkpoint_id(checkpoint)
@@ -212,7 +212,7 @@ def _before_seq(before: Any) -> int | None:
 
 def history(user: Any, thread_id: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     """Checkpoints newest first: one after each message and each park."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     limit = _int(body.get("limit", 10), "limit", 1, 1000)
     before = _before_seq(body.get("before"))
     tv = view(session, history=True)
@@ -250,7 +250,7 @@ def thread(session: Session, *, values: bool = True) -> dict[str, Any]:
 
 
 def get_thread(user: Any, thread_id: Any) -> dict[str, Any]:
-    return thread(ops.session_for(user, thread_id, "view"))
+    return thread(actions.session_for(user, thread_id, "view"))
 
 
 def _int(value: Any, name: str, low: int, high: int) -> int:
@@ -319,7 +319,7 @@ def assistant(profile: AgentProfile) -> dict[str, Any]:
 def search_assistants(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     limit = _int(body.get("limit", 10), "limit", 1, MAX_PAGE)
     offset = _int(body.get("offset", 0), "offset", 0, 10**6)
-    qs = ops.usable_profiles(user)
+    qs = actions.usable_profiles(user)
     for key in ("graph_id", "name"):
         if body.get(key):
             qs = qs.filter(name=clean_text(key, str(body[key])))
@@ -332,7 +332,7 @@ def get_assistant(user: Any, ref: Any) -> dict[str, Any]:
 
 def profile_for(user: Any, ref: Any) -> AgentProfile:
     """A profile by assistant id or by name (the SDK accepts either)."""
-    for profile in ops.usable_profiles(user):
+    for profile in actions.usable_profiles(user):
         if ref in (profile.name, mapping.assistant_id(profile.name)):
             return profile
     raise UnknownAssistant(f"no assistant {str(ref)[:64]!r}; POST /lg/assistants/search lists yours")
@@ -346,15 +346,15 @@ def create_thread(user: Any, body: dict[str, Any]) -> dict[str, Any]:
         wanted = _uuid_or_none(body["thread_id"])
         existing = Session.objects.filter(id=wanted).first() if wanted is not None else None
         if existing is not None and body.get("if_exists") == "do_nothing":
-            return thread(ops.session_for(user, existing.id, "view"))
+            return thread(actions.session_for(user, existing.id, "view"))
         raise NotSupported("thread ids are chosen by Terret: create the thread without thread_id")
     metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     ref = metadata.get("graph_id") or metadata.get("assistant_id")
-    profile = profile_for(user, ref) if ref else ops.usable_profiles(user).first()
+    profile = profile_for(user, ref) if ref else actions.usable_profiles(user).first()
     if profile is None:
         raise UnknownAssistant("there is no profile to start a thread with")
-    created = ops.create_session(user, profile.name)
-    return thread(ops.session_for(user, created["id"], "view"))
+    created = actions.create_session(user, profile.name)
+    return thread(actions.session_for(user, created["id"], "view"))
 
 
 # ---------------------------------------------------------------- runs
@@ -412,13 +412,13 @@ def _pending_run(session: Session, run_id: str, tv: ThreadView) -> mapping.Segme
 
 
 def get_run(user: Any, thread_id: Any, run_id: Any) -> dict[str, Any]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     tv, seg = find_run(session, run_id)
     return run_record(session, seg, tv.times)
 
 
 def list_runs(user: Any, thread_id: Any, limit: int, offset: int, status: str | None) -> list[dict[str, Any]]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     tv = view(session)
     segs = [s for s in reversed(tv.tracker.segments) if status is None or s.status == status]
     return [run_record(session, s, tv.times) for s in segs[offset : offset + limit]]
@@ -499,14 +499,14 @@ def start_run(user: Any, thread_id: Any, body: dict[str, Any]) -> Started:
     command.resume the verdicts on the parked calls. A run from an earlier
     checkpoint runs in a fork (a new thread: forks.fork, historical); the
     log is never rewritten, and the run's Content-Location names the fork."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     strategy = _check_options(session, body)
     at = _fork_point(session, body)
     if at is not None:
         if body.get("command") is not None:
             raise NotSupported("a resume answers the thread's own interrupt; it cannot start from a checkpoint")
         child = forks.fork(session.id, at, "historical", user=user)
-        session = ops.session_for(user, child.id, "view")
+        session = actions.session_for(user, child.id, "view")
     command = body.get("command")
     if command is not None and body.get("input") is not None:
         raise InvalidInput("send input or command, not both")
@@ -521,7 +521,7 @@ def _inject(user: Any, session: Session, text: str, strategy: str) -> Started:
     """The input through the lanes' inject: reject answers 409 while a turn
     is open (decided under the row lock, nothing appended), enqueue makes it
     a follow-up, interrupt cancels the running turn and opens the next."""
-    receipt = ops.inject(user, session.id, text, True, None, multitask_strategy=strategy)
+    receipt = actions.inject(user, session.id, text, True, None, multitask_strategy=strategy)
     if receipt["disposition"] == "held":
         raise InputHeld(f"the input was kept but is held: {receipt.get('held_reason')}; it runs when allowed")
     if receipt["disposition"] == "started":
@@ -565,7 +565,7 @@ def _verdict(decision: Any, request: mapping.Request) -> tuple[str, str, dict[st
 
 
 def _resume(user: Any, session: Session, command: Any) -> Started:
-    ops.session_for(user, session.id, "approve")
+    actions.session_for(user, session.id, "approve")
     tv = view(session)
     interrupt = tv.tracker.pending_interrupt()
     if interrupt is None:
@@ -590,15 +590,15 @@ def cancel_run(user: Any, thread_id: Any, run_id: Any, action: str) -> dict[str,
         raise NotSupported("cancel action rollback is refused: Terret's log is append-only")
     if action != "interrupt":
         raise InvalidInput("action must be interrupt")
-    session = ops.session_for(user, thread_id, "drive")
+    session = actions.session_for(user, thread_id, "drive")
     _, seg = find_run(session, run_id)
     if seg.status == "pending":
-        ops.withdraw(user, session.id, seg.open_seq)  # not taken in yet: it never runs
+        actions.withdraw(user, session.id, seg.open_seq)  # not taken in yet: it never runs
         return get_run(user, session.id, run_id)
     open_turn = Session.objects.filter(id=session.id).values_list("open_turn_seq", flat=True).first()
     if open_turn is None or open_turn != seg.turn_seq:
         raise RunNotActive(f"run {run_id} has ended ({seg.status})")
-    ops.cancel(user, session.id)
+    actions.cancel(user, session.id)
     return get_run(user, session.id, run_id)
 
 
@@ -609,13 +609,13 @@ def run_ended(session_id: uuid.UUID, run_id: str) -> bool:
 
 
 def values_of(user: Any, thread_id: Any) -> dict[str, Any]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     return {"messages": view(session).tracker.messages}
 
 
 def parse_thread(value: Any) -> uuid.UUID:
-    return ops.parse_session_id(value)
+    return actions.parse_session_id(value)
 
 
 def cancel_turn(user: Any, session_id: uuid.UUID) -> None:
-    ops.cancel(user, session_id)
+    actions.cancel(user, session_id)

@@ -23,7 +23,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from sessions_app.api import ops as api_ops
+from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping, ops
 from sessions_app.log import hints
@@ -273,7 +273,7 @@ class RunStream:
     def _still_allowed(self) -> bool:
         """A token revoked mid-stream ends the stream (raises). False when the
         run never opened and never will (queued input that was withdrawn)."""
-        api_ops.session_for(self.plan.user, self.plan.session_id, "view")
+        actions.session_for(self.plan.user, self.plan.session_id, "view")
         if self.segment() is not None:
             return True
         return bool(ops.get_run(self.plan.user, self.plan.session_id, self.plan.run_id)["status"] == "pending")

@@ -9,7 +9,7 @@ Three tasks per socket, so nothing one of them waits on holds up the others:
   only delays an event, and checks then that the user may still read the
   session.
 - the actor handles client frames one at a time, in order, each through
-  api/ops.py in a worker thread (a compaction's model call must not stop
+  sessions_app/actions/ in a worker thread (a compaction's model call must not stop
   events from flowing).
 - the writer drains a bounded outbox to the client. When a slow client lets
   it fill, the pump just waits (it resumes from its last seq, the database
@@ -38,20 +38,21 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from sessions_app.api import ops
-from sessions_app.api.errors import (
+from sessions_app import actions
+from sessions_app.api.schemas import FRAMES, ClientFrame
+from sessions_app.errors import (
     BadFrame,
     Busy,
     FrameTooLarge,
+    InvalidInput,
     InvalidJson,
     NotAllowed,
+    TerretError,
     Unauthenticated,
     UnknownType,
     as_error,
     error_body,
 )
-from sessions_app.api.schemas import FRAMES, ClientFrame
-from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.log import hints, partial, reads
 from sessions_app.sockets import frames, hub
 from sessions_app.sockets.auth import live_user
@@ -192,7 +193,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         except InvalidInput as exc:
             return await self._refuse(exc, 4400)
         try:
-            access = await _in_thread(ops.socket_access, hub.READ_POOL)(
+            access = await _in_thread(actions.socket_access, hub.READ_POOL)(
                 user, self.scope["url_route"]["kwargs"]["session_id"]
             )
         except TerretError as exc:
@@ -204,8 +205,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             # Subscribe before reading the head: every event committed after
             # this line gets a hint, and everything before it is in the first read.
             await hub.process_hub().subscribe(self.sid, self)
-            state = await _in_thread(ops.live_state, hub.READ_POOL)(self.sid)
-            state["budget"] = await _in_thread(ops.budget_state, hub.READ_POOL)(self.sid)
+            state = await _in_thread(actions.live_state, hub.READ_POOL)(self.sid)
+            state["budget"] = await _in_thread(actions.budget_state, hub.READ_POOL)(self.sid)
         except Exception:
             logger.exception("session socket for %s could not start", self.sid)
             await self.disconnect(1011)
@@ -216,7 +217,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.tasks.append(asyncio.create_task(self._guard(job)))
 
     def hello_frame(self, access: dict[str, Any], state: dict[str, Any]) -> str:
-        """`state`: ops.live_state, read after subscribing (the head and the
+        """`state`: actions.live_state, read after subscribing (the head and the
         status of one read of the session row)."""
         hello = {
             "type": "hello",
@@ -371,7 +372,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     def _poll(self, after: int) -> list[reads.EventFrame]:
         assert self.sid is not None
         try:
-            ops.session_for(self._current_user(), self.sid, "view")
+            actions.session_for(self._current_user(), self.sid, "view")
         except TerretError as exc:
             raise AccessLost(f"you may no longer read this session: {exc}") from None
         return reads.event_frames(self.sid, after)
@@ -426,7 +427,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         match frame.type:
             case "inject":
                 return {
-                    "receipt": ops.inject(
+                    "receipt": actions.inject(
                         user,
                         sid,
                         frame.text,
@@ -437,14 +438,14 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     )
                 }
             case "withdraw":
-                return {"receipt": ops.withdraw(user, sid, frame.seq)}
+                return {"receipt": actions.withdraw(user, sid, frame.seq)}
             case "schedule":
-                made, _ = ops.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
+                made, _ = actions.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
                 return {"schedule": made}
             case "cancel_schedule":
-                return {"schedule": ops.cancel_schedule(user, sid, frame.schedule_id)}
+                return {"schedule": actions.cancel_schedule(user, sid, frame.schedule_id)}
             case "approve" | "deny":
-                return ops.decide(
+                return actions.decide(
                     user,
                     sid,
                     frame.call_id,
@@ -455,21 +456,21 @@ class SessionConsumer(AsyncWebsocketConsumer):
                     allow_for_session=frame.allow_for_session,
                 )
             case "cancel":
-                return ops.cancel(user, sid)
+                return actions.cancel(user, sid)
             case "retry":
-                return ops.retry(user, sid)
+                return actions.retry(user, sid)
             case "compact":
-                return ops.compact(user, sid)
+                return actions.compact(user, sid)
             case "set_policy":
-                return ops.set_policy(user, sid, frame.patterns)
+                return actions.set_policy(user, sid, frame.patterns)
             case "set_model":
-                return ops.set_model(user, sid, frame.role, frame.spec)
+                return actions.set_model(user, sid, frame.role, frame.spec)
             case "budget":
-                return {"budget": ops.set_budget(user, sid, frame.limit.model_dump())}
+                return {"budget": actions.set_budget(user, sid, frame.limit.model_dump())}
             case "fork":
-                return {"session": ops.fork(user, sid, frame.at_seq, frame.policy)}
+                return {"session": actions.fork(user, sid, frame.at_seq, frame.policy)}
             case "ping":
-                ops.session_for(user, sid, "view")
+                actions.session_for(user, sid, "view")
                 return {}
         raise InvalidInput(f"unhandled frame type {frame.type!r}")  # FRAMES and this match are out of step
 

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from sessions_app import services
-from sessions_app.api.auth import issue_token
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.services.tokens import issue_token
 from tests.approvals_app.conftest import park
 
 ACTORS = ["anonymous", "owner", "other", "reviewer", "admin", "staff"]

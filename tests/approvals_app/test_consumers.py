@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group
 
 from approvals_app import services as approvals
 from sessions_app import services
-from sessions_app.api.auth import issue_token
+from sessions_app.services.tokens import issue_token
 from tests.approvals_app.conftest import park
 
 pytestmark = pytest.mark.django_db(transaction=True)

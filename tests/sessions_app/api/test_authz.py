@@ -12,8 +12,8 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
 from django.test import Client
 
-from sessions_app.api import auth as tokens
 from sessions_app.models import ApiToken, Session
+from sessions_app.services import tokens
 from tests.sessions_app.apiutil import (
     bearer,
     call,

@@ -210,7 +210,7 @@ def test_a_reviewer_may_not_set_the_budget_over_the_socket(make_user, session):
 
 
 def test_the_hello_frame_carries_the_budget(session):
-    from sessions_app.api import ops
+    from sessions_app import actions as ops
 
     consumer = consumer_of(session.owner, session)
     consumer.last_sent = 0

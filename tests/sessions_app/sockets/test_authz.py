@@ -80,8 +80,8 @@ async def test_every_frame_for_every_role(world, role):
     ("role", "close_code"), [("stranger", 4404), ("anonymous", 4401), ("revoked", 4401), ("inactive", 4401)]
 )
 async def test_callers_who_may_not_read_get_no_socket(world, make_user, role, close_code):
-    from sessions_app.api import auth
     from sessions_app.models import ApiToken
+    from sessions_app.services import tokens as auth
 
     def credentials():
         if role == "anonymous":

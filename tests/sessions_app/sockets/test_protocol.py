@@ -16,9 +16,9 @@ from django.db import transaction
 from django.urls import re_path
 
 from sessions_app import log
-from sessions_app.api import auth as tokens
 from sessions_app.log import hints
 from sessions_app.models import ApiToken
+from sessions_app.services import tokens
 from sessions_app.sockets import hub
 from sessions_app.sockets import session as consumers
 from sessions_app.sockets.auth import SocketAuthStack
