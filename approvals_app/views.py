@@ -28,9 +28,9 @@ from approvals_app import services
 from approvals_app.selectors import queue_for
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
+from sessions_app.live.paths import socket_url
 from sessions_app.models import Session
 from sessions_app.permissions import is_reviewer
-from sessions_app.web.socket_paths import socket_url
 
 QUEUE_TEMPLATE = "approvals/queue.html"
 INLINE_TEMPLATE = "approvals/inline.html"

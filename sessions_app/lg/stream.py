@@ -26,11 +26,11 @@ from channels.db import database_sync_to_async
 from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping, ops
+from sessions_app.live import hub
 from sessions_app.log import hints
 from sessions_app.log.reads import events_after
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Session
-from sessions_app.sockets import hub
 
 logger = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from django.views.decorators.http import require_GET, require_POST
 from sessions_app import permissions
 from sessions_app.actions import session_for
 from sessions_app.errors import TerretError
+from sessions_app.live.paths import socket_url
 from sessions_app.log import SessionNotFound
 from sessions_app.models import Agent, Session
 from sessions_app.services import compaction
@@ -47,7 +48,6 @@ from sessions_app.services.usage import (
 from sessions_app.web.charts import cost_chart
 from sessions_app.web.listing import LIST_PAGE_PREFIX, list_fragment
 from sessions_app.web.present import status_label
-from sessions_app.web.socket_paths import socket_url
 
 PAGE_SIZE = 50
 CHART_DAYS = 30

@@ -30,6 +30,7 @@ from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions, services
 from sessions_app.actions import session_for
 from sessions_app.errors import NotBlocked, TerretError
+from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Event, Session
 from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.services import budgets as budget_services
@@ -46,7 +47,6 @@ from sessions_app.web.present import (
     facts_context,
     with_cards,
 )
-from sessions_app.web.socket_paths import socket_url
 
 # What an empty chat offers to type (the demo model's keywords, README "Try it").
 SUGGESTIONS = (

@@ -14,7 +14,7 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
 from django.test import Client
 
-from sessions_app.api.schemas import BudgetFrame
+from sessions_app.actions.shapes import BudgetFrame
 from sessions_app.errors import InvalidInput
 from sessions_app.sockets.session import SessionConsumer, parse_frame
 from tests.helpers import events, kinds
