@@ -225,6 +225,11 @@ class EventOut(Schema):
 class EventsOut(Schema):
     events: list[EventOut]
     last_seq: int
+    next_after: int | None = Field(
+        None,
+        description="where the next page starts (`after=`); null when this page reached last_seq. A page "
+        "holds at most `limit` events and at most TERRET_READ_MAX_BYTES of payload (always at least one)",
+    )
 
 
 class SessionSummaryOut(Schema):

@@ -21,6 +21,7 @@ from approvals_app import services as approval_services
 from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping
+from sessions_app.log.reads import newest_window
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import is_reviewer
@@ -75,12 +76,8 @@ class ThreadView:
 
 
 def _window(session_id: uuid.UUID, upto: int | None) -> list[tuple[int, str, Any, datetime]]:
-    qs = Event.objects.filter(session_id=session_id, kind__in=mapping.STATE_KINDS)
-    if upto is not None:
-        qs = qs.filter(seq__lte=upto)
-    rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at")[:STATE_WINDOW])
-    rows.reverse()
-    return rows
+    # Bounded in count and bytes (TERRET_READ_MAX_BYTES), the newest kept.
+    return newest_window(session_id, mapping.STATE_KINDS, upto, STATE_WINDOW)
 
 
 def _phase(tracker: mapping.Tracker) -> str:

@@ -28,7 +28,7 @@ from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.lg import mapping, ops
 from sessions_app.live import hub
 from sessions_app.log import hints
-from sessions_app.log.reads import events_after
+from sessions_app.log.reads import events_after, more_follow
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Session
 
@@ -249,7 +249,7 @@ class RunStream:
                     return
                 if seg is not None and seg.ended:
                     break
-            if rows and len(rows) == PAGE:
+            if rows and more_follow(rows, PAGE):
                 continue
             while listener.deltas:
                 text = self.delta_text(listener.deltas.popleft())

@@ -245,7 +245,7 @@ class Follower(AsyncWebsocketConsumer):
         while True:  # replay: straight from the database, page by page
             rows = await cache.read(self.sid, self.last_sent)
             await self._send_events(rows)
-            if len(rows) < reads.PAGE:
+            if not reads.more_follow(rows, reads.PAGE):
                 break
         self.held_deltas = []
         self.synced = True
