@@ -64,6 +64,7 @@ from sessions_app.runtime import (
     hooks,
     lifecycle,
     limits,
+    request,
     storable,
     tracing,
     windows,
@@ -82,7 +83,6 @@ from sessions_app.tools.registry import Registry, on_progress, registry_for_prof
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 25
-DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
 
 # A tool call's progress notifications are live hints on the session's stream, never log events.
 on_progress(hints.publish_live)
@@ -318,8 +318,7 @@ class TurnRunner:
     # -- the context window
 
     def request_messages(self) -> list[dict[str, Any]]:
-        system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
-        return [system, *self.view.messages]
+        return request.messages(self.profile, self.view.messages)
 
     def fit_window(self, spec: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request as is when it fits the window (or none is known);
