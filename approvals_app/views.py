@@ -26,6 +26,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from approvals_app import services
 from approvals_app.selectors import queue_for
+from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
@@ -88,13 +89,13 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         session_for(request.user, session_id, "approve")  # the one rule, before the shape is judged
         # The edit box is posted with every button; a denial ignores it.
         edited = services.parse_edited_args(request.POST.get("edited_args")) if verdict == "approve" else None
-        event = services.decide(
+        decided = actions.decide(
+            request.user,
             session_id,
             request.POST.get("call_id", ""),
             verdict,
-            user=request.user,
-            reason=request.POST.get("reason", ""),
-            request_seq=request.POST.get("seq") or None,
+            request.POST.get("reason", ""),
+            request.POST.get("seq") or None,  # type: ignore[arg-type]  # the service checks the value
             edited_args=edited,
             allow_for_session=allow,
         )
@@ -105,7 +106,7 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     except TerretError as exc:
         error, code = str(exc), exc.code
     else:
-        notice = _notice(event.data, allow)
+        notice = _notice(decided, allow)
     if getattr(request, "htmx", False):
         response = _fragment(request, origin, session_id, notice=notice, error=error)
         if code:
@@ -121,7 +122,7 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 def _notice(data: dict[str, object], allowed: bool) -> str:
     if data["verdict"] != "approve":
         return "Denied."
-    notice = "Approved with your edits." if "edited_args" in data else "Approved."
+    notice = "Approved with your edits." if data.get("edited_args") is not None else "Approved."
     return notice + (" The tool no longer asks in this session." if allowed else "")
 
 

@@ -21,6 +21,7 @@ from approvals_app.selectors import waived_tools
 from policies_app import services
 from policies_app.patterns import MAX_PATTERNS, parse_lines
 from policies_app.selectors import current_policy, history
+from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import InvalidPattern, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
@@ -38,13 +39,12 @@ def editor(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         return _render(request, session)
     if "ask_again" in request.POST:
         return _ask_again(request, session)
-    session_for(request.user, session.id, "drive")
     text = request.POST.get("patterns", "")
     error = ""
     try:
         if len(text) > MAX_EDITOR_CHARS:
             raise InvalidPattern(f"the policy text is longer than {MAX_EDITOR_CHARS} characters")
-        services.update_policy(session.id, parse_lines(text), user=request.user)
+        actions.set_policy(request.user, session.id, parse_lines(text))
     except UnknownSession:
         raise Http404("no such session") from None
     except NotAllowed as exc:

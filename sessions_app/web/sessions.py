@@ -27,7 +27,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 
 from approvals_app.selectors import pending as pending_calls
-from sessions_app import permissions, services
+from sessions_app import actions, permissions, services
 from sessions_app.actions import session_for
 from sessions_app.errors import NotBlocked, TerretError
 from sessions_app.live.paths import socket_url
@@ -240,8 +240,7 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 @login_required
 @require_POST
 def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = session_for(request.user, session_id, "drive")
-    cancelled = services.cancel(session.id, by=request.user.get_username())
+    cancelled = actions.cancel(request.user, session_id)["cancelled"]
     if getattr(request, "htmx", False):
         # The status badge follows the log over the websocket.
         return HttpResponse(status=204)
@@ -249,17 +248,16 @@ def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         messages.info(request, "Stopped: the turn ends within a second, keeping what was streamed.")
     else:
         messages.info(request, "Nothing to stop: the agent is idle.")
-    return redirect("sessions:chat", session_id=session.id)
+    return redirect("sessions:chat", session_id=session_id)
 
 
 @login_required
 @require_POST
 def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Drive a blocked turn again now (the Retry button of a blocked session)."""
-    session = session_for(request.user, session_id, "drive")
     htmx = bool(getattr(request, "htmx", False))
     try:
-        services.retry(session.id, by=request.user.get_username())
+        actions.retry(request.user, session_id)
     except NotBlocked:
         if htmx:
             return HttpResponse("Nothing to retry: the turn is not blocked.", status=409)
@@ -268,7 +266,7 @@ def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         if htmx:
             return HttpResponse(status=204)  # the header follows the log over the websocket
         messages.info(request, "Retrying the turn now.")
-    return redirect("sessions:chat", session_id=session.id)
+    return redirect("sessions:chat", session_id=session_id)
 
 
 RESOLVED_NOTICES = {
