@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Sum, TextField, Window
+from django.db.models import TextField
 from django.db.models.functions import Cast, Length
 
 from sessions_app.log import backends
@@ -244,6 +245,24 @@ def read_max_bytes() -> int:
     return int(settings.TERRET_READ_MAX_BYTES)
 
 
+# A fixed statement (prepared on PostgreSQL), so the hub's read on every
+# commit hint costs what it did before the byte bound: no ORM compile.
+_PAGE_SQL = (
+    "SELECT seq, kind, raw, created_at FROM ("
+    "SELECT seq, kind, CAST(data AS TEXT) AS raw, created_at,"
+    " SUM(LENGTH(CAST(data AS TEXT))) OVER (ORDER BY seq) - LENGTH(CAST(data AS TEXT)) AS before"
+    f" FROM {EVENT_TABLE} WHERE session_id = %s AND seq > %s AND seq <= %s"
+    ") w WHERE before < %s ORDER BY seq"
+)
+
+
+def _at(value: Any) -> datetime:
+    """created_at as the ORM reads it (SQLite hands back its stored text, in UTC)."""
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
+
+
 def _rows(session_id: uuid.UUID, after: int, limit: int) -> Page:
     """At most `limit` events after `after`, in seq order, and at most
     read_max_bytes() of their payload (always at least one event: no event
@@ -252,22 +271,16 @@ def _rows(session_id: uuid.UUID, after: int, limit: int) -> Page:
     sum of the payload's length keeps the rows past the bound from being sent
     at all, and the exact byte count trims the last row if needed."""
     budget = read_max_bytes()
-    raw = Cast("data", TextField())
-    qs = (
-        Event.objects.filter(session_id=session_id, seq__gt=after, seq__lte=after + limit)
-        .annotate(raw=raw, before=Window(Sum(Length(raw)), order_by=F("seq").asc()) - Length(raw))
-        .filter(before__lt=budget)
-        .order_by("seq")
-        .values_list("seq", "kind", "raw", "created_at")
-    )
+    found = backends.current().fetch(_PAGE_SQL, [session_id, after, after + limit, budget])
     page = Page()
     total = 0
-    for row in qs:
-        total += len(row[2].encode("utf-8", "surrogatepass"))
+    for row in found:
+        raw = row["raw"]
+        total += len(raw.encode("utf-8", "surrogatepass"))
         if page and total > budget:
             page.cut = True
             break
-        page.append(row)
+        page.append((int(row["seq"]), row["kind"], raw, _at(row["created_at"])))
     if total >= budget:
         # Rows past the bound were dropped only when those before them reached it
         # (a character is at least a byte): then more may follow.
