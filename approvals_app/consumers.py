@@ -3,7 +3,7 @@
 Thin on purpose. It joins the "approvals" group, and for every approval
 requested or decided anywhere (approvals_app.listeners, after commit) it
 renders the reviewer's queue again for this user and sends it as an htmx
-out-of-band swap (web/present.queue_fragment); several changes arriving
+out-of-band swap (`queue_fragment`); several changes arriving
 together are coalesced into one, and it refreshes every REFRESH_SECONDS too,
 since hints can be lost. Hints carry no call data.
 
@@ -26,18 +26,22 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.template.loader import render_to_string
 
 from approvals_app.listeners import GROUP
-from approvals_app.selectors import pending_count
-from sessions_app.api.errors import Unauthenticated
-from sessions_app.errors import NotAllowed, TerretError
+from approvals_app.selectors import pending_count, queue_for
+from sessions_app.errors import NotAllowed, TerretError, Unauthenticated
+from sessions_app.live.auth import live_user
 from sessions_app.log import hints
 from sessions_app.permissions import is_reviewer
-from sessions_app.sockets.auth import live_user
-from sessions_app.web.present import queue_fragment
 
 COALESCE_SECONDS = 0.25
 REFRESH_SECONDS = 60.0
+
+
+def queue_fragment(user: Any) -> str:
+    """The reviewer's queue, as an out-of-band swap for the live page."""
+    return render_to_string("approvals/queue.html#queue", {"queue": queue_for(user), "oob": True})
 
 
 def still_allowed(user_id: Any, token_id: int | None, session_key: str | None) -> bool:

@@ -26,10 +26,12 @@ from django.views.decorators.vary import vary_on_headers
 
 from approvals_app import services
 from approvals_app.selectors import queue_for
+from sessions_app import actions
+from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
+from sessions_app.live.paths import socket_url
 from sessions_app.models import Session
-from sessions_app.permissions import can_view, is_reviewer
-from sessions_app.web.socket_paths import socket_url
+from sessions_app.permissions import is_reviewer
 
 QUEUE_TEMPLATE = "approvals/queue.html"
 INLINE_TEMPLATE = "approvals/inline.html"
@@ -38,13 +40,6 @@ INLINE_TEMPLATE = "approvals/inline.html"
 def _reviewer(request: HttpRequest) -> None:
     if not is_reviewer(request.user):
         raise PermissionDenied("deciding approvals needs the approve permission")
-
-
-def _viewable(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = Session.objects.filter(id=session_id).first()
-    if session is None or not can_view(request.user, session):
-        raise Http404("no such session")
-    return session
 
 
 def _queue_context(request: HttpRequest, *, notice: str = "", error: str = "") -> dict[str, object]:
@@ -77,7 +72,7 @@ def queue_fragment(request: HttpRequest) -> HttpResponse:
 @vary_on_headers("HX-Request")
 def inline_fragment(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """One session's pending approvals, as the session page includes them."""
-    session = _viewable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     return render(request, INLINE_TEMPLATE, _inline_context(session))
 
 
@@ -91,15 +86,16 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     allow = verdict == "approve_session"
     verdict = "approve" if allow else verdict
     try:
+        session_for(request.user, session_id, "approve")  # the one rule, before the shape is judged
         # The edit box is posted with every button; a denial ignores it.
         edited = services.parse_edited_args(request.POST.get("edited_args")) if verdict == "approve" else None
-        event = services.decide(
+        decided = actions.decide(
+            request.user,
             session_id,
             request.POST.get("call_id", ""),
             verdict,
-            user=request.user,
-            reason=request.POST.get("reason", ""),
-            request_seq=request.POST.get("seq") or None,
+            request.POST.get("reason", ""),
+            request.POST.get("seq") or None,  # type: ignore[arg-type]  # the service checks the value
             edited_args=edited,
             allow_for_session=allow,
         )
@@ -110,7 +106,7 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     except TerretError as exc:
         error, code = str(exc), exc.code
     else:
-        notice = _notice(event.data, allow)
+        notice = _notice(decided, allow)
     if getattr(request, "htmx", False):
         response = _fragment(request, origin, session_id, notice=notice, error=error)
         if code:
@@ -126,13 +122,13 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 def _notice(data: dict[str, object], allowed: bool) -> str:
     if data["verdict"] != "approve":
         return "Denied."
-    notice = "Approved with your edits." if "edited_args" in data else "Approved."
+    notice = "Approved with your edits." if data.get("edited_args") is not None else "Approved."
     return notice + (" The tool no longer asks in this session." if allowed else "")
 
 
 def _fragment(request: HttpRequest, origin: str, session_id: uuid.UUID, *, notice: str, error: str) -> HttpResponse:
     if origin == "inline":
-        session = _viewable(request, session_id)
+        session = session_for(request.user, session_id, "view")
         return render(request, INLINE_TEMPLATE, _inline_context(session, notice=notice, error=error))
     return render(request, QUEUE_TEMPLATE + "#queue", _queue_context(request, notice=notice, error=error))
 

@@ -74,7 +74,7 @@ def build(events: int) -> tuple[str, uuid.UUID, str, list[tuple[uuid.UUID, str]]
     from django.contrib.auth import get_user_model
 
     from sessions_app import log
-    from sessions_app.api.auth import issue_token
+    from sessions_app.services.tokens import issue_token
     from sessions_app.lg import mapping
     from sessions_app.models import AgentProfile
     from sessions_app.services import sessions

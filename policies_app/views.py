@@ -21,9 +21,11 @@ from approvals_app.selectors import waived_tools
 from policies_app import services
 from policies_app.patterns import MAX_PATTERNS, parse_lines
 from policies_app.selectors import current_policy, history
+from sessions_app import actions
+from sessions_app.actions import session_for
 from sessions_app.errors import InvalidPattern, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
-from sessions_app.permissions import can_approve, can_drive, can_view
+from sessions_app.permissions import can_approve, can_drive
 
 TEMPLATE = "policies/editor.html"
 MAX_EDITOR_CHARS = 50_000
@@ -32,21 +34,17 @@ MAX_EDITOR_CHARS = 50_000
 @login_required
 @require_http_methods(["GET", "POST"])
 def editor(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = Session.objects.select_related("profile").filter(id=session_id).first()
-    if session is None or not can_view(request.user, session):
-        raise Http404("no such session")
+    session = session_for(request.user, session_id, "view")
     if request.method == "GET":
         return _render(request, session)
     if "ask_again" in request.POST:
         return _ask_again(request, session)
-    if not can_drive(request.user, session):
-        raise PermissionDenied("only the session's owner or staff may change its policy")
     text = request.POST.get("patterns", "")
     error = ""
     try:
         if len(text) > MAX_EDITOR_CHARS:
             raise InvalidPattern(f"the policy text is longer than {MAX_EDITOR_CHARS} characters")
-        services.update_policy(session.id, parse_lines(text), user=request.user)
+        actions.set_policy(request.user, session.id, parse_lines(text))
     except UnknownSession:
         raise Http404("no such session") from None
     except NotAllowed as exc:

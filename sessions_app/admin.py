@@ -13,13 +13,13 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from sessions_app import services
-from sessions_app.api.auth import revoke
 from sessions_app.errors import AgentBusy, InvalidInput, TerretError
 from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Schedule, Session
 from sessions_app.permissions import can_drive, is_operator
 from sessions_app.runtime.profiles import check_profile
 from sessions_app.services import operators, schedules
+from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
 from sessions_app.web.dashboard import compact_outcome
 from sessions_app.web.present import status_label

@@ -1,8 +1,8 @@
 """Every domain error of Terret, in one module.
 
 Each `TerretError` has a stable `code` and HTTP `status`, which the JSON API
-and the socket frames render the same way (sessions_app/api/errors.py adds
-the errors of the protocol itself: bad JSON, a frame too large, no token).
+and the socket frames render the same way, with the errors of the protocol
+itself (bad JSON, a frame too large, no token) at the end of this module.
 Every domain error a client can cause is a TerretError, so every door (API,
 sockets, pages, /lg/) maps it to its status and code without a list of its
 own. The log's refusals (an unknown kind, a bad payload, a missing session)
@@ -15,6 +15,8 @@ approvals_app and policies_app have no errors module of their own.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TerretError(Exception):
@@ -267,3 +269,71 @@ class InvalidForkPoint(TerretError):
         self.at_seq = at_seq
         self.before = before
         self.after = after
+
+
+# ---------------------------------------------------------------- the protocol (every door)
+
+
+class Unauthenticated(TerretError):
+    code = "unauthenticated"
+    status = 401
+
+
+class CsrfFailed(TerretError):
+    code = "csrf_failed"
+    status = 403
+
+
+class InvalidJson(TerretError):
+    code = "invalid_json"
+    status = 400
+
+
+class PayloadTooLarge(TerretError):
+    code = "payload_too_large"
+    status = 413
+
+
+class PathNotFound(TerretError):
+    code = "not_found"
+    status = 404
+
+
+class BadFrame(TerretError):
+    """A socket frame that is not a JSON object (or is binary)."""
+
+    code = "invalid_frame"
+
+
+class UnknownType(TerretError):
+    code = "unknown_type"
+
+
+class FrameTooLarge(TerretError):
+    code = "frame_too_large"
+
+
+class Busy(TerretError):
+    """Too many frames waiting on one socket."""
+
+    code = "busy"
+    status = 429
+
+
+class InternalError(TerretError):
+    code = "internal_error"
+    status = 500
+
+
+def as_error(exc: BaseException) -> TerretError:
+    """The TerretError a failure is reported as (every domain error is one,
+    the log's refusals included). Anything else is a bug: the caller logs it;
+    the client only learns `internal_error`."""
+    if isinstance(exc, TerretError):
+        return exc
+    return InternalError("internal error")
+
+
+def error_body(exc: TerretError) -> dict[str, Any]:
+    """The one JSON rendering of an error: {code, message}, on every door."""
+    return {"code": exc.code, "message": str(exc) or exc.code.replace("_", " ")}

@@ -10,7 +10,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from sessions_app.sockets.auth import SocketAuthStack  # noqa: E402
+from sessions_app.live.auth import SocketAuthStack  # noqa: E402
 from terret_site.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(

@@ -278,6 +278,9 @@ TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, m
 TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 900 * 1024, minimum=64 * 1024)
 # The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
 TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
+# The most payload one page of events carries (GET .../events, a socket's replay batch, an /lg/
+# read), on top of each read's count: a client asking for more is paged (log/reads.py).
+TERRET_READ_MAX_BYTES = env_int("TERRET_READ_MAX_BYTES", 4 * 1024 * 1024, minimum=1024 * 1024)
 # A bearer token that may scrape /metrics besides a staff session (unset: staff only;
 # terret_site/metrics.py, docs/metrics.md).
 TERRET_METRICS_TOKEN = env_str("TERRET_METRICS_TOKEN", "") or ""

@@ -10,8 +10,8 @@ from django import template
 from django.db import DatabaseError
 
 from approvals_app.selectors import PendingCall, QueueItem, inline_for, pending_count, with_times
+from sessions_app.live.paths import socket_url
 from sessions_app.permissions import can_approve, is_reviewer
-from sessions_app.web.socket_paths import socket_url
 
 register = template.Library()
 

@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from sessions_app.api.errors import error_body
-from sessions_app.errors import TerretError
+from sessions_app.errors import TerretError, error_body
 
 PREFIX = "/api/"
 

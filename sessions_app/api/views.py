@@ -1,5 +1,5 @@
 """The JSON API (django-ninja). Thin: shape validation by the schemas, the
-rules in ops.py, and one error rendering for everything (api/errors.py).
+rules in sessions_app/actions/, and one error rendering for everything (sessions_app/errors.py).
 
 OpenAPI 3.1 document: GET /api/openapi.json. Protocol notes: docs/protocol.md.
 """
@@ -16,17 +16,9 @@ from django.views.decorators.csrf import csrf_exempt
 from ninja import Header, NinjaAPI, Query, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from sessions_app.api import listing, ops
+from sessions_app import actions
+from sessions_app.api import listing
 from sessions_app.api.auth import BearerAuth, CookieAuth
-from sessions_app.api.errors import (
-    CsrfFailed,
-    InvalidJson,
-    PathNotFound,
-    PayloadTooLarge,
-    Unauthenticated,
-    as_error,
-    error_body,
-)
 from sessions_app.api.schemas import (
     AttentionOut,
     BudgetIn,
@@ -62,7 +54,18 @@ from sessions_app.api.schemas import (
     SessionOut,
 )
 from sessions_app.api.schemas import Status as SessionStatus
-from sessions_app.errors import InvalidForkPoint, InvalidInput, TerretError
+from sessions_app.errors import (
+    CsrfFailed,
+    InvalidForkPoint,
+    InvalidInput,
+    InvalidJson,
+    PathNotFound,
+    PayloadTooLarge,
+    TerretError,
+    Unauthenticated,
+    as_error,
+    error_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,13 +171,18 @@ def _user(request: HttpRequest) -> Any:
 @api.get("/profiles", response={200: ProfilesOut, **_READ_ERRORS}, tags=["profiles"])
 def list_profiles(request: HttpRequest) -> Any:
     """The agent profiles the caller may start sessions with."""
-    return ops.list_profiles(_user(request))
+    return actions.list_profiles(_user(request))
 
 
-@api.post("/sessions", response={201: CreatedOut, **_WRITE_ERRORS}, tags=["sessions"])
-def create_session(request: HttpRequest, payload: CreateSessionIn) -> Any:
+@api.post(
+    "/sessions",
+    response={201: CreatedOut, **_WRITE_ERRORS},
+    tags=["sessions"],
+    operation_id="sessions_app_api_views_create_session",  # its name before the view was renamed
+)
+def sessions_create(request: HttpRequest, payload: CreateSessionIn) -> Any:
     """Start a session from a profile (its agent is spawned by its first input)."""
-    return Status(201, ops.create_session(_user(request), payload.profile))
+    return Status(201, actions.create_session(_user(request), payload.profile))
 
 
 @api.get("/sessions", response={200: SessionListOut, **_READ_ERRORS}, tags=["sessions"])
@@ -196,7 +204,7 @@ def list_sessions(
 def session_detail(request: HttpRequest, session_id: str) -> Any:
     """Status (with why it is blocked, or waiting for an agent slot), title,
     usage, log head and the calls waiting for approval."""
-    return ops.session_detail(_user(request), session_id)
+    return actions.session_detail(_user(request), session_id)
 
 
 @api.post("/sessions/{session_id}/inputs", response={202: ReceiptOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -213,7 +221,7 @@ def post_input(
     receipt (replayed=true); same key, other payload: 409."""
     return Status(
         202,
-        ops.inject(
+        actions.inject(
             _user(request),
             session_id,
             payload.text,
@@ -229,7 +237,7 @@ def post_input(
 def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """An input's receipt with its current disposition: queued, held, placed
     (placed_seq), answered (answered_seq: the turn/end) or withdrawn."""
-    return ops.input_receipt(_user(request), session_id, seq)
+    return actions.input_receipt(_user(request), session_id, seq)
 
 
 @api.post(
@@ -238,13 +246,13 @@ def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
 def withdraw_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """Take back input no turn has taken in yet (an input/withdrawn event).
     Input already placed in the transcript: 409 input_consumed."""
-    return ops.withdraw(_user(request), session_id, seq)
+    return actions.withdraw(_user(request), session_id, seq)
 
 
 @api.get("/sessions/{session_id}/schedules", response={200: SchedulesOut, **_READ_ERRORS}, tags=["schedules"])
 def list_schedules(request: HttpRequest, session_id: str) -> Any:
     """The session's schedules, newest first: status, runs, next_due_at, last_outcome."""
-    return ops.list_schedules(_user(request), session_id)
+    return actions.list_schedules(_user(request), session_id)
 
 
 @api.post(
@@ -258,7 +266,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
     The profile bounds how many a session holds and the shortest interval
     (422 schedule_limit). The same idempotency_key and request answers the
     schedule made before (200); a new one is 201."""
-    made, new = ops.create_schedule(_user(request), session_id, payload.model_dump(exclude_none=True))
+    made, new = actions.create_schedule(_user(request), session_id, payload.model_dump(exclude_none=True))
     return Status(201 if new else 200, made)
 
 
@@ -267,7 +275,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
 )
 def cancel_schedule(request: HttpRequest, session_id: str, schedule_id: str) -> Any:
     """Cancel a pending or paused schedule (a schedule/cancelled event)."""
-    return ops.cancel_schedule(_user(request), session_id, schedule_id)
+    return actions.cancel_schedule(_user(request), session_id, schedule_id)
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])
@@ -278,7 +286,7 @@ def list_events(
     limit: int = Query(500, ge=1, le=1000),
 ) -> Any:
     """Events with seq > after, in order, at most `limit` (1-1000)."""
-    return ops.events(_user(request), session_id, after, limit)
+    return actions.events(_user(request), session_id, after, limit)
 
 
 @api.post(
@@ -288,7 +296,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
     """Approve or deny a call parked in the open turn (reviewers). An approval
     may carry `edited_args` (run instead of the model's arguments) and
     `allow_for_session` (the tool stops asking for the rest of the session)."""
-    return ops.decide(
+    return actions.decide(
         _user(request),
         session_id,
         call_id,
@@ -303,7 +311,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
 @api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])
 def set_policy(request: HttpRequest, session_id: str, payload: PolicyIn) -> Any:
     """Replace the session's allow-list patterns."""
-    return ops.set_policy(_user(request), session_id, payload.patterns)
+    return actions.set_policy(_user(request), session_id, payload.patterns)
 
 
 @api.post("/sessions/{session_id}/cancel", response={200: CancelOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -311,20 +319,20 @@ def cancel(request: HttpRequest, session_id: str) -> Any:
     """Cancel the open turn (cancelled=false when none was open). A turn no
     worker holds (parked, blocked, not yet claimed) ends at once (closed=true);
     a running one stops its model stream within about a second."""
-    return ops.cancel(_user(request), session_id)
+    return actions.cancel(_user(request), session_id)
 
 
 @api.post("/sessions/{session_id}/retry", response={202: RetryOut, **_WRITE_ERRORS}, tags=["sessions"])
 def retry(request: HttpRequest, session_id: str) -> Any:
     """Drive a blocked turn again now (409 not_blocked when it is not blocked)."""
-    return Status(202, ops.retry(_user(request), session_id))
+    return Status(202, actions.retry(_user(request), session_id))
 
 
 @api.get("/sessions/{session_id}/effects", response={200: EffectsOut, **_READ_ERRORS}, tags=["effects"])
 def list_effects(request: HttpRequest, session_id: str) -> Any:
     """The effect ledger: every attempt of a tool call that is not inline, oldest
     first, with its state; `pending` counts those of unknown outcome."""
-    return ops.effects(_user(request), session_id)
+    return actions.effects(_user(request), session_id)
 
 
 @api.post(
@@ -337,7 +345,7 @@ def resolve_effect(request: HttpRequest, session_id: str, call_id: str, payload:
     with TERRET_OWNER_MAY_RESOLVE on): run it again, or record it done or
     failed. 404 unknown_effect: no attempt of that call; 409
     effect_not_pending: none of unknown outcome, or a rerun of an ended turn."""
-    return ops.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+    return actions.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
 
 
 @api.get("/sessions/{session_id}/budget", response={200: BudgetOut, **_READ_ERRORS}, tags=["budgets"])
@@ -345,7 +353,7 @@ def get_budget(request: HttpRequest, session_id: str) -> Any:
     """The session's limits and spend, and the first budget at any scope
     (session; the profile's or the installation's UTC day) that keeps a new
     turn from starting (`exhausted`, null when none does)."""
-    return ops.budget(_user(request), session_id)
+    return actions.budget(_user(request), session_id)
 
 
 @api.put("/sessions/{session_id}/budget", response={200: BudgetOut, **_WRITE_ERRORS}, tags=["budgets"])
@@ -353,7 +361,7 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
     """Replace the session's four limits (all four required; null: no
     limit); the budget as GET answers it afterwards. Held input runs once
     the budgets allow it. The owner or staff."""
-    return ops.set_budget(_user(request), session_id, payload.model_dump())
+    return actions.set_budget(_user(request), session_id, payload.model_dump())
 
 
 @api.post(
@@ -361,7 +369,7 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
 )
 def compact(request: HttpRequest, session_id: str) -> Any:
     """Summarise the history now (between turns)."""
-    return ops.compact(_user(request), session_id)
+    return actions.compact(_user(request), session_id)
 
 
 @api.post(
@@ -374,7 +382,7 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
     may read a session may fork it). 422 invalid_fork_point: at_seq is no fork
     point (inside a step, past the head, inside a fork's seed); `before` and
     `after` name the nearest ones."""
-    return Status(201, ops.fork(_user(request), session_id, payload.at_seq, payload.policy))
+    return Status(201, actions.fork(_user(request), session_id, payload.at_seq, payload.policy))
 
 
 # ---------------------------------------------------------------- operators (staff only)
@@ -383,36 +391,36 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
 @api.get("/ops/attention", response={200: AttentionOut, **_READ_ERRORS}, tags=["operators"])
 def ops_attention(request: HttpRequest) -> Any:
     """What needs a human, by kind, each bounded, with counts (staff only)."""
-    return ops.attention(_user(request))
+    return actions.attention(_user(request))
 
 
 @api.post("/ops/suspend", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
 def ops_suspend(request: HttpRequest, payload: ScopeIn) -> Any:
     """Suspend admission for everything, one profile or one session: new input
     is held, and a running turn parks at its next step boundary (staff only)."""
-    return ops.suspend(_user(request), payload.scope, payload.target, payload.reason)
+    return actions.suspend(_user(request), payload.scope, payload.target, payload.reason)
 
 
 @api.post("/ops/resume", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
 def ops_resume(request: HttpRequest, payload: ScopeIn) -> Any:
     """Lift a suspension; the sessions it held are woken (staff only)."""
-    return ops.resume(_user(request), payload.scope, payload.target, payload.reason)
+    return actions.resume(_user(request), payload.scope, payload.target, payload.reason)
 
 
 @api.post("/sessions/{session_id}/abandon", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def abandon(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Close the blocked turn failed (409 not_abandonable when none is blocked,
     or a worker holds it) (staff only)."""
-    return ops.session_action(_user(request), session_id, "abandon", payload.reason)
+    return actions.session_action(_user(request), session_id, "abandon", payload.reason)
 
 
 @api.post("/sessions/{session_id}/revoke", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def revoke(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Cancel the open turn, deny every tool call and refuse input until restored (staff only)."""
-    return ops.session_action(_user(request), session_id, "revoke", payload.reason)
+    return actions.session_action(_user(request), session_id, "revoke", payload.reason)
 
 
 @api.post("/sessions/{session_id}/restore", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def restore(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Lift a revocation: the session takes input again (staff only)."""
-    return ops.session_action(_user(request), session_id, "restore", payload.reason)
+    return actions.session_action(_user(request), session_id, "restore", payload.reason)

@@ -1,6 +1,6 @@
 """What a LangGraph client may do, in Terret's terms.
 
-Every check and write goes through sessions_app/api/ops.py (the rulebook the
+Every check and write goes through sessions_app/actions/ (the rulebook the
 JSON API and the session socket share): the same permission questions, the
 same services, the same errors. This module only translates: a thread is a
 session, an assistant a profile, a run a segment of a turn (mapping.py), a
@@ -21,9 +21,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 
 from approvals_app import services as approval_services
-from sessions_app.api import ops
+from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError, UnknownSession
 from sessions_app.lg import mapping
+from sessions_app.log.reads import newest_window
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import is_reviewer
@@ -81,12 +82,8 @@ class ThreadView:
 
 
 def _window(session_id: uuid.UUID, upto: int | None) -> list[tuple[int, str, Any, datetime]]:
-    qs = Event.objects.filter(session_id=session_id, kind__in=mapping.STATE_KINDS)
-    if upto is not None:
-        qs = qs.filter(seq__lte=upto)
-    rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at")[:STATE_WINDOW])
-    rows.reverse()
-    return rows
+    # Bounded in count and bytes (TERRET_READ_MAX_BYTES), the newest kept.
+    return newest_window(session_id, mapping.STATE_KINDS, upto, STATE_WINDOW)
 
 
 def _phase(tracker: mapping.Tracker) -> str:
@@ -188,7 +185,7 @@ def _state(
 
 def state(user: Any, thread_id: Any, checkpoint: Any = None) -> dict[str, Any]:
     """The thread's state now, or at checkpoint "seq-N" (read-only)."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     upto = None
     if checkpoint is not None:
         upto = mapping.parse_checkpoint_id(checkpoint)
@@ -233,7 +230,7 @@ def history(user: Any, thread_id: Any, body: dict[str, Any]) -> list[dict[str, A
     message's id, type and tool call ids: what a client places messages by),
     marked metadata.terret_values = "stubs". A page cut short by the budget
     ends at a checkpoint; `before` it is the next page."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     limit = _int(body.get("limit", HISTORY_LIMIT), "limit", 1, 1000)
     before = _before_seq(body.get("before"))
     tv = view(session, history=True)
@@ -322,7 +319,7 @@ def thread(session: Session, *, values: bool = True) -> dict[str, Any]:
 
 
 def get_thread(user: Any, thread_id: Any) -> dict[str, Any]:
-    return thread(ops.session_for(user, thread_id, "view"))
+    return thread(actions.session_for(user, thread_id, "view"))
 
 
 def _int(value: Any, name: str, low: int, high: int) -> int:
@@ -397,7 +394,7 @@ def assistant(profile: AgentProfile) -> dict[str, Any]:
 def search_assistants(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
     limit = _int(body.get("limit", 10), "limit", 1, MAX_PAGE)
     offset = _int(body.get("offset", 0), "offset", 0, 10**6)
-    qs = ops.usable_profiles(user)
+    qs = actions.usable_profiles(user)
     for key in ("graph_id", "name"):
         if body.get(key):
             qs = qs.filter(name=clean_text(key, str(body[key])))
@@ -410,7 +407,7 @@ def get_assistant(user: Any, ref: Any) -> dict[str, Any]:
 
 def profile_for(user: Any, ref: Any) -> AgentProfile:
     """A profile by assistant id or by name (the SDK accepts either)."""
-    for profile in ops.usable_profiles(user):
+    for profile in actions.usable_profiles(user):
         if ref in (profile.name, mapping.assistant_id(profile.name)):
             return profile
     raise UnknownAssistant(f"no assistant {str(ref)[:64]!r}; POST /lg/assistants/search lists yours")
@@ -427,11 +424,11 @@ def create_thread(user: Any, body: dict[str, Any]) -> dict[str, Any]:
     if not ref:
         # As LangGraph's server does, the thread takes its first run's
         # assistant (bind_profile in start_run), not an arbitrary default.
-        if not ops.usable_profiles(user).exists():
+        if not actions.usable_profiles(user).exists():
             raise UnknownAssistant("there is no profile to start a thread with")
         return thread(sessions.create_unbound_session(user))
-    created = ops.create_session(user, profile_for(user, ref).name)
-    return thread(ops.session_for(user, created["id"], "view"))
+    created = actions.create_session(user, profile_for(user, ref).name)
+    return thread(actions.session_for(user, created["id"], "view"))
 
 
 def _existing_thread(user: Any, body: dict[str, Any]) -> Session:
@@ -443,7 +440,7 @@ def _existing_thread(user: Any, body: dict[str, Any]) -> Session:
     if wanted is None or body.get("if_exists") != "do_nothing":
         raise refused
     try:
-        return ops.session_for(user, wanted, "view")
+        return actions.session_for(user, wanted, "view")
     except UnknownSession:
         raise refused from None
 
@@ -503,13 +500,13 @@ def _pending_run(session: Session, run_id: str, tv: ThreadView) -> mapping.Segme
 
 
 def get_run(user: Any, thread_id: Any, run_id: Any) -> dict[str, Any]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     tv, seg = find_run(session, run_id)
     return run_record(session, seg, tv.times)
 
 
 def list_runs(user: Any, thread_id: Any, limit: int, offset: int, status: str | None) -> list[dict[str, Any]]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     tv = view(session)
     segs = [s for s in reversed(tv.tracker.segments) if status is None or s.status == status]
     return [run_record(session, s, tv.times) for s in segs[offset : offset + limit]]
@@ -588,7 +585,7 @@ def _check_options(user: Any, session: Session, body: dict[str, Any]) -> tuple[s
         raise NotSupported("interrupt_before / interrupt_after: Terret interrupts at tool approvals only")
     ref = body.get("assistant_id")
     if session.profile is None:
-        bind = profile_for(user, ref) if ref else ops.usable_profiles(user).first()
+        bind = profile_for(user, ref) if ref else actions.usable_profiles(user).first()
         if bind is None:
             raise UnknownAssistant("there is no profile to run this thread with")
         return str(strategy), bind
@@ -628,7 +625,7 @@ def start_run(user: Any, thread_id: Any, body: dict[str, Any]) -> Started:
     log is never rewritten, and the run's Content-Location names the fork.
     Everything a request says is checked before anything is written, so a
     refused request changes nothing (no fork, no binding, no verdict)."""
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     strategy, bind = _check_options(user, session, body)
     command = body.get("command")
     # With a command, LangGraph's server lets the command win over an empty input.
@@ -642,13 +639,13 @@ def start_run(user: Any, thread_id: Any, body: dict[str, Any]) -> Started:
         if said is None:
             return _regenerate(user, session, at)
         child = forks.fork(session.id, at, "historical", user=user)  # the caller's own: they drive it
-        return _inject(user, ops.session_for(user, child.id, "view"), said.text, strategy)
+        return _inject(user, actions.session_for(user, child.id, "view"), said.text, strategy)
     if command is not None:
         return _resume(user, session, command)
     if said is None:
         raise InvalidInput("a run needs input (messages) or command.resume")
     if bind is not None:
-        ops.session_for(user, session.id, "drive")
+        actions.session_for(user, session.id, "drive")
         sessions.bind_profile(session.id, bind)
     if strategy == "reject":
         tv = view(session)
@@ -686,10 +683,10 @@ def _answer_interrupt(user: Any, session: Session, tv: ThreadView, said: Said) -
     message naming one gives its reason), and the text rides the resumed turn's
     next step, so the model reads the denials and the text together. It is
     queued before the verdicts, so the resumed step cannot miss it."""
-    ops.session_for(user, session.id, "drive")
-    ops.session_for(user, session.id, "approve")
+    actions.session_for(user, session.id, "drive")
+    actions.session_for(user, session.id, "approve")
     waiting = sorted(tv.tracker.waiting.values(), key=lambda r: r.seq)
-    ops.inject(user, session.id, said.text, True, None, lane="steer")
+    actions.inject(user, session.id, said.text, True, None, lane="steer")
     last = None
     for request in waiting:
         reason = said.tool_replies.get(request.call_id) or "the user sent a new message instead"
@@ -704,7 +701,7 @@ def _inject(user: Any, session: Session, text: str, strategy: str) -> Started:
     """The input through the lanes' inject: reject answers 409 while a turn
     is open (decided under the row lock, nothing appended), enqueue makes it
     a follow-up, interrupt cancels the running turn and opens the next."""
-    receipt = ops.inject(user, session.id, text, True, None, multitask_strategy=strategy)
+    receipt = actions.inject(user, session.id, text, True, None, multitask_strategy=strategy)
     if receipt["disposition"] == "held":
         raise InputHeld(f"the input was kept but is held: {receipt.get('held_reason')}; it runs when allowed")
     if receipt["disposition"] == "started":
@@ -748,7 +745,7 @@ def _verdict(decision: Any, request: mapping.Request) -> tuple[str, str, dict[st
 
 
 def _resume(user: Any, session: Session, command: Any) -> Started:
-    ops.session_for(user, session.id, "approve")
+    actions.session_for(user, session.id, "approve")
     tv = view(session)
     interrupt = tv.tracker.pending_interrupt()
     if interrupt is None:
@@ -773,15 +770,15 @@ def cancel_run(user: Any, thread_id: Any, run_id: Any, action: str) -> dict[str,
         raise NotSupported("cancel action rollback is refused: Terret's log is append-only")
     if action != "interrupt":
         raise InvalidInput("action must be interrupt")
-    session = ops.session_for(user, thread_id, "drive")
+    session = actions.session_for(user, thread_id, "drive")
     _, seg = find_run(session, run_id)
     if seg.status == "pending":
-        ops.withdraw(user, session.id, seg.open_seq)  # not taken in yet: it never runs
+        actions.withdraw(user, session.id, seg.open_seq)  # not taken in yet: it never runs
         return get_run(user, session.id, run_id)
     open_turn = Session.objects.filter(id=session.id).values_list("open_turn_seq", flat=True).first()
     if open_turn is None or open_turn != seg.turn_seq:
         raise RunNotActive(f"run {run_id} has ended ({seg.status})")
-    ops.cancel(user, session.id)
+    actions.cancel(user, session.id)
     return get_run(user, session.id, run_id)
 
 
@@ -799,13 +796,13 @@ def run_ended(session_id: uuid.UUID, run_id: str) -> bool:
 
 
 def values_of(user: Any, thread_id: Any) -> dict[str, Any]:
-    session = ops.session_for(user, thread_id, "view")
+    session = actions.session_for(user, thread_id, "view")
     return {"messages": view(session).tracker.messages}
 
 
 def parse_thread(value: Any) -> uuid.UUID:
-    return ops.parse_session_id(value)
+    return actions.parse_session_id(value)
 
 
 def cancel_turn(user: Any, session_id: uuid.UUID) -> None:
-    ops.cancel(user, session_id)
+    actions.cancel(user, session_id)

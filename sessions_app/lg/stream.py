@@ -25,16 +25,15 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from sessions_app.api import ops as api_ops
-from sessions_app.api.auth import token_is_live
-from sessions_app.api.errors import Unauthenticated
-from sessions_app.errors import InvalidInput, TerretError
+from sessions_app import actions
+from sessions_app.errors import InvalidInput, TerretError, Unauthenticated
 from sessions_app.lg import mapping, ops
+from sessions_app.live import hub
 from sessions_app.log import hints
-from sessions_app.log.reads import events_after
+from sessions_app.log.reads import events_after, more_follow
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import Session
-from sessions_app.sockets import hub
+from sessions_app.services.tokens import token_is_live
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +299,7 @@ class RunStream:
                     seg = self.segment()
                     if seg is not None and seg.ended:
                         break
-                if len(rows) == PAGE or (seg is not None and seg.ended):
+                if more_follow(rows, PAGE) or (seg is not None and seg.ended):
                     read = True
                     continue
             while listener.deltas:
@@ -335,7 +334,7 @@ class RunStream:
     def _still_allowed(self) -> bool:
         """The thread still visible to the user (else raises). False when the
         run never opened and never will (queued input that was withdrawn)."""
-        api_ops.session_for(self.plan.user, self.plan.session_id, "view")
+        actions.session_for(self.plan.user, self.plan.session_id, "view")
         if self.segment() is not None:
             return True
         return not ops.run_withdrawn(self.plan.session_id, self.plan.open_seq)

@@ -23,10 +23,17 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from sessions_app.api.auth import authenticate_token
-from sessions_app.api.errors import InvalidJson, PathNotFound, PayloadTooLarge, Unauthenticated, as_error
-from sessions_app.errors import InvalidInput, TerretError
+from sessions_app.errors import (
+    InvalidInput,
+    InvalidJson,
+    PathNotFound,
+    PayloadTooLarge,
+    TerretError,
+    Unauthenticated,
+    as_error,
+)
 from sessions_app.lg import ops, stream
+from sessions_app.services.tokens import authenticate_token
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db.models import BigIntegerField, Exists, Func, OuterRef, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Length
 
 from sessions_app.log import backends
 from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
@@ -288,14 +290,14 @@ def model_overrides(session_id: uuid.UUID | str) -> dict[str, str]:
     return {role: spec for role, spec in zip(MODEL_ROLES, row or (), strict=False) if spec}
 
 
-def events_after(session_id: uuid.UUID | str, after: int, limit: int = 500) -> list[LoggedEvent]:
+def events_after(session_id: uuid.UUID | str, after: int, limit: int = 500) -> Page:
+    """At most `limit` events after `after`, and at most TERRET_READ_MAX_BYTES
+    of payload (`cut`: more follow past the byte bound)."""
     limit = max(1, min(limit, EVENT_PAGE_MAX))
-    rows = (
-        Event.objects.filter(session_id=session_id, seq__gt=after)
-        .order_by("seq")
-        .values_list("seq", "kind", "data")[:limit]
-    )
-    return [LoggedEvent(s, k, d) for s, k, d in rows]
+    rows = _rows(uuid.UUID(str(session_id)), after, limit)
+    page = Page(LoggedEvent(s, k, json.loads(raw)) for s, k, raw, _ in rows)
+    page.cut = rows.cut
+    return page
 
 
 def usage(session: Session) -> dict[str, Any]:
@@ -309,30 +311,107 @@ def usage(session: Session) -> dict[str, Any]:
     }
 
 
-def _rows(session_id: uuid.UUID, after: int, limit: int) -> list[tuple[int, str, str, Any]]:
-    qs = (
-        Event.objects.filter(session_id=session_id, seq__gt=after)
-        .order_by("seq")
-        .annotate(raw=Cast("data", TextField()))
-        .values_list("seq", "kind", "raw", "created_at")
-    )
-    return list(qs[:limit])
+class Page(list[Any]):
+    """A page of a read bounded in count and bytes. `cut`: it stopped at the
+    byte bound, so more may follow although it holds fewer than `limit`."""
+
+    cut: bool = False
+
+
+def read_max_bytes() -> int:
+    """TERRET_READ_MAX_BYTES: the most payload one page of events carries."""
+    return int(settings.TERRET_READ_MAX_BYTES)
+
+
+# A fixed statement (prepared on PostgreSQL), so the hub's read on every
+# commit hint costs what it did before the byte bound: no ORM compile.
+_PAGE_SQL = (
+    "SELECT seq, kind, raw, created_at FROM ("
+    "SELECT seq, kind, CAST(data AS TEXT) AS raw, created_at,"
+    " SUM(LENGTH(CAST(data AS TEXT))) OVER (ORDER BY seq) - LENGTH(CAST(data AS TEXT)) AS before"
+    f" FROM {EVENT_TABLE} WHERE session_id = %s AND seq > %s AND seq <= %s"
+    ") w WHERE before < %s ORDER BY seq"
+)
+
+
+def _at(value: Any) -> datetime:
+    """created_at as the ORM reads it (SQLite hands back its stored text, in UTC)."""
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
+
+
+def _rows(session_id: uuid.UUID, after: int, limit: int) -> Page:
+    """At most `limit` events after `after`, in seq order, and at most
+    read_max_bytes() of their payload (always at least one event: no event
+    is larger than TERRET_MAX_EVENT_BYTES). Seqs are dense, so the window
+    (after, after + limit] bounds the rows the database looks at; the running
+    sum of the payload's length keeps the rows past the bound from being sent
+    at all, and the exact byte count trims the last row if needed."""
+    budget = read_max_bytes()
+    found = backends.current().fetch(_PAGE_SQL, [session_id, after, after + limit, budget])
+    page = Page()
+    total = 0
+    for row in found:
+        raw = row["raw"]
+        total += len(raw.encode("utf-8", "surrogatepass"))
+        if page and total > budget:
+            page.cut = True
+            break
+        page.append((int(row["seq"]), row["kind"], raw, _at(row["created_at"])))
+    if total >= budget:
+        # Rows past the bound were dropped only when those before them reached it
+        # (a character is at least a byte): then more may follow.
+        page.cut = True
+    return page
 
 
 def events_page(session_id: uuid.UUID, after: int, limit: int) -> list[dict[str, Any]]:
-    """Events with seq > after, in seq order, as API dicts."""
+    """Events with seq > after, in seq order, as API dicts: at most `limit`
+    and at most TERRET_READ_MAX_BYTES of payload (the caller pages on)."""
     return [
         {"seq": seq, "kind": kind, "data": json.loads(raw), "at": at.isoformat()}
         for seq, kind, raw, at in _rows(session_id, after, limit)
     ]
 
 
-def event_frames(session_id: uuid.UUID, after: int, limit: int = PAGE) -> list[EventFrame]:
-    """Socket frames of the events with seq > after. Built from the stored
+def event_frames(session_id: uuid.UUID, after: int, limit: int = PAGE) -> Page:
+    """Socket frames of the events with seq > after, bounded like `_rows`
+    (`cut` says more follow past the byte bound). Built from the stored
     JSON text without parsing it (the payload is spliced into the frame
     as-is), so a 10k-event replay costs ten page reads and no per-event json
     round trip."""
-    return [
+    rows = _rows(session_id, after, limit)
+    page = Page(
         (seq, f'{{"type":"event","seq":{seq},"kind":{json.dumps(kind)},"data":{raw},"at":"{at.isoformat()}"}}')
-        for seq, kind, raw, at in _rows(session_id, after, limit)
-    ]
+        for seq, kind, raw, at in rows
+    )
+    page.cut = rows.cut
+    return page
+
+
+def newest_window(session_id: uuid.UUID, kinds: Any, upto: int | None, limit: int) -> list[tuple[int, str, Any, Any]]:
+    """The newest events of `kinds` (at or before `upto`), oldest first: at
+    most `limit` of them and at most TERRET_READ_MAX_BYTES of payload, the
+    newest kept (always at least one). The sizes are read first, so rows past
+    the bound are never sent."""
+    qs = Event.objects.filter(session_id=session_id, kind__in=kinds)
+    if upto is not None:
+        qs = qs.filter(seq__lte=upto)
+    sizes = qs.order_by("-seq").annotate(n=Length(Cast("data", TextField()))).values_list("seq", "n")[:limit]
+    budget, total, oldest = read_max_bytes(), 0, None
+    for seq, n in sizes:
+        total += n or 0
+        if oldest is not None and total > budget:
+            break
+        oldest = seq
+    if oldest is None:
+        return []
+    rows = list(qs.filter(seq__gte=oldest).order_by("seq").values_list("seq", "kind", "data", "created_at"))
+    return rows
+
+
+def more_follow(rows: list[Any], limit: int) -> bool:
+    """After a bounded page: may more events follow it? (A full page, or one
+    cut at the byte bound.)"""
+    return len(rows) >= limit or bool(getattr(rows, "cut", False))

@@ -59,6 +59,7 @@ from sessions_app.runtime import (
     hooks,
     lifecycle,
     limits,
+    request,
     storable,
     tracing,
     windows,
@@ -76,7 +77,6 @@ from sessions_app.tools.registry import Registry
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 25
-DEFAULT_SYSTEM_PROMPT = "You are an agent running inside Terret. Use the tools you are given when they help."
 
 
 class TurnRunner:
@@ -300,8 +300,7 @@ class TurnRunner:
     # -- the context window
 
     def request_messages(self) -> list[dict[str, Any]]:
-        system = {"role": "system", "content": self.profile.system_prompt or DEFAULT_SYSTEM_PROMPT}
-        return [system, *self.view.messages]
+        return request.messages(self.profile, self.view.messages)
 
     def fit_window(self, spec: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request as is when it fits the window (or none is known);

@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions_app.actions import session_for
 from sessions_app.errors import TerretError
 from sessions_app.models import AgentProfile, OperatorAction
 from sessions_app.permissions import is_operator
@@ -126,6 +127,7 @@ SESSION_ACTIONS: dict[str, tuple[Any, str]] = {
 @login_required
 @require_POST
 def session_action(request: HttpRequest, session_id: uuid.UUID, action: str) -> HttpResponse:
+    session_for(request.user, session_id, "operate")  # a foreign or missing id: 404, as on every door
     by = _operator(request)
     if action not in SESSION_ACTIONS:
         raise Http404("no such action")

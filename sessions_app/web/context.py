@@ -1,8 +1,8 @@
 """The context view: what the model will see on the session's next step.
 
-The same parts the runner sends (runtime/runner.py request_messages): the
-profile's system prompt (or the default), the projection of the log after
-the latest compaction (log/projection.py derive_messages), and the tools the
+The request's messages as the runner assembles them (runtime/request.py:
+the profile's system prompt, or the default, then the projection of the log
+after the latest compaction), and the tools the
 profile offers with their approval mode, each with the runtime's own token
 estimate (runtime/windows.py). Plus the model the main role resolves to, and
 the models the picker offers.
@@ -17,11 +17,10 @@ from django.conf import settings
 
 from approvals_app.gate import approval_mode, needs_approval
 from sessions_app.llm.types import DEMO_SPEC, ToolSpec
-from sessions_app.log.projection import derive_messages, latest_compaction
+from sessions_app.log.projection import latest_compaction
 from sessions_app.models import ModelTally, Session
-from sessions_app.runtime import windows
+from sessions_app.runtime import request, windows
 from sessions_app.runtime.roles import resolve_spec
-from sessions_app.runtime.runner import DEFAULT_SYSTEM_PROMPT
 from sessions_app.tools.registry import build_registry
 
 # Messages shown in full; longer ones are cut on the page (the estimate counts all of it).
@@ -94,9 +93,7 @@ def model_choices(session: Session, current: str | None) -> list[str]:
 
 def context_view(session: Session) -> dict[str, Any]:
     profile = session.profile
-    system = {"role": "system", "content": (profile.system_prompt if profile else "") or DEFAULT_SYSTEM_PROMPT}
-    projection = derive_messages(session.id)
-    messages = [system, *projection]
+    messages = request.build(session.id, profile)
     shown = [
         ContextMessage(
             m["role"],

@@ -21,7 +21,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -32,7 +31,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from sessions_app import permissions
+from sessions_app.actions import session_for
 from sessions_app.errors import TerretError
+from sessions_app.live.paths import socket_url
 from sessions_app.log import SessionNotFound
 from sessions_app.models import Agent, Session
 from sessions_app.services import compaction
@@ -47,7 +48,6 @@ from sessions_app.services.usage import (
 from sessions_app.web.charts import cost_chart
 from sessions_app.web.listing import LIST_PAGE_PREFIX, list_fragment
 from sessions_app.web.present import status_label
-from sessions_app.web.socket_paths import socket_url
 
 PAGE_SIZE = 50
 CHART_DAYS = 30
@@ -138,15 +138,6 @@ def dashboard_fragment(user: Any, page_number: Any) -> str:
 # ---------------------------------------------------------------- compact
 
 
-def _drivable(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = Session.objects.filter(id=session_id).first()
-    if session is None or not permissions.can_view(request.user, session):
-        raise Http404("no such session")  # another user's session is a 404: ids do not leak
-    if not permissions.can_drive(request.user, session):
-        raise PermissionDenied("only the session's owner or staff may compact it")
-    return session
-
-
 def compact_outcome(session_id: uuid.UUID) -> tuple[bool, str]:
     """(compacted?, a sentence for the user)."""
     try:
@@ -165,7 +156,7 @@ def compact_outcome(session_id: uuid.UUID) -> tuple[bool, str]:
 def compact(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """POST /sessions/<id>/compact/ (can_drive). htmx gets a status fragment;
     a plain form post gets a flash message and a redirect back."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     ok, text = compact_outcome(session.id)
     if getattr(request, "htmx", False):
         return render(request, "dashboard/compact_result.html", {"ok": ok, "text": text})

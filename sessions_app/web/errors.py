@@ -6,6 +6,10 @@ the queue, a reviewer posting a message) wrote a traceback. A refusal is not
 a fault: the middleware answers it with the styled page itself, and the only
 log line is Django's one-line "Forbidden: /path" warning. Paths under /api/
 are left to the API, which answers in JSON.
+
+The access rule's two refusals (sessions_app.actions.access) become pages
+here too, so no view converts them itself: `UnknownSession` is the styled
+404 (a foreign id and a missing one look alike), `NotAllowed` the 403.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+
+from sessions_app.errors import NotAllowed, UnknownSession
 
 API_PREFIX = "/api/"
 
@@ -40,7 +46,8 @@ def not_found(request: HttpRequest, exception: BaseException | None = None) -> H
 
 
 class QuietForbiddenMiddleware:
-    """Answers a view's PermissionDenied with the styled 403, unlogged."""
+    """Answers a view's PermissionDenied or NotAllowed with the styled 403,
+    unlogged, and its UnknownSession with the styled 404."""
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
@@ -49,6 +56,10 @@ class QuietForbiddenMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if isinstance(exception, PermissionDenied) and not request.path.startswith(API_PREFIX):
+        if request.path.startswith(API_PREFIX):
+            return None
+        if isinstance(exception, (PermissionDenied, NotAllowed)):
             return forbidden(request, exception)
+        if isinstance(exception, UnknownSession):
+            return not_found(request, exception)
         return None

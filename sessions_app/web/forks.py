@@ -23,17 +23,11 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions_app.actions import session_for
 from sessions_app.errors import TerretError, UnknownSession
 from sessions_app.models import Session
 from sessions_app.permissions import can_view, visible_sessions
 from sessions_app.services import forks
-
-
-def _readable(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = Session.objects.filter(id=session_id).first()
-    if session is None or not can_view(request.user, session):
-        raise Http404("no such session")
-    return session
 
 
 def _chat(session_id: Any, seq: int | None = None) -> str:
@@ -73,7 +67,7 @@ def panel_context(request: HttpRequest, session: Session) -> dict[str, Any]:
 @login_required
 @require_GET
 def fork_panel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = _readable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     return render(request, "sessions/_fork_actions.html#panel", panel_context(request, session))
 
 
@@ -97,7 +91,7 @@ def _made(request: HttpRequest, session: Session, seq: int | None, act: Any) -> 
 @require_POST
 def fork_edit(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Edit and resend: fork just before the user message at `seq`, then send `text`."""
-    session = _readable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     text = request.POST.get("text", "")
     return _made(
         request,
@@ -111,7 +105,7 @@ def fork_edit(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 @require_POST
 def fork_regenerate(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Regenerate: fork at the turn of the assistant message at `seq` and ask again."""
-    session = _readable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     return _made(request, session, _seq(request), lambda seq: forks.regenerate(session.id, seq, user=request.user))
 
 

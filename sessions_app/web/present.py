@@ -22,7 +22,6 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
-from approvals_app.selectors import queue_for
 from sessions_app import permissions
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
@@ -665,10 +664,3 @@ def budget_figures_fragment(session: Session) -> str:
     budget = budget_services.budget_of(session.id)
     context = {"budget": budget, "budget_rows": budget_rows(budget), "oob": True}
     return render_to_string("sessions/chat.html#budget_figures", context)
-
-
-# ---------------------------------------------------------------- the dashboard's and the queue's sockets
-
-
-def queue_fragment(user: Any) -> str:
-    return render_to_string("approvals/queue.html#queue", {"queue": queue_for(user), "oob": True})

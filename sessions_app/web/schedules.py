@@ -14,13 +14,14 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from sessions_app.actions import session_for
 from sessions_app.errors import TerretError
 from sessions_app.models import Schedule, Session
-from sessions_app.permissions import can_drive, can_view
+from sessions_app.permissions import can_drive
 from sessions_app.services import schedules
 
 PANEL = "sessions/_schedules.html"
@@ -63,15 +64,6 @@ def panel_context(session: Session, user: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _session(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = get_object_or_404(Session.objects.select_related("profile"), id=session_id)
-    if not can_view(request.user, session):
-        raise Http404("no such session")
-    if not can_drive(request.user, session):
-        raise Http404("no such session")  # a reader sees the list, not the buttons
-    return session
-
-
 def _answer(
     request: HttpRequest, session: Session, *, notice: str = "", error: str = "", code: str = "", form: Any = None
 ) -> Any:
@@ -88,7 +80,7 @@ def _answer(
 @login_required
 @require_POST
 def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = _session(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     form = ScheduleForm(request.POST)
     if not form.is_valid():
         problems = " ".join(f"{name}: {' '.join(str(e) for e in errs)}" for name, errs in form.errors.items())
@@ -104,7 +96,7 @@ def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 def cancel(request: HttpRequest, session_id: uuid.UUID, schedule_id: uuid.UUID) -> HttpResponse:
-    session = _session(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     try:
         schedules.cancel(session.id, schedule_id, by=str(request.user.get_username()))
     except TerretError as exc:

@@ -1,8 +1,9 @@
 """Web pages: login-protected session list, new session, and the chat page.
 
 Views stay thin: reads are bounded queries (a page of events at a time), writes
-go through `services`, and every view asks `permissions` first. Another user's
-session is a 404, not a 403, so ids do not leak.
+go through `services`, and every view asks the one access rule first
+(`actions.session_for`; web/errors.py turns its refusals into pages). Another
+user's session is a 404, not a 403, so ids do not leak.
 
 The chat page is fully server-rendered (it works without JavaScript); htmx's
 ws extension then follows the log over the page's socket from the last seq
@@ -19,18 +20,18 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from approvals_app.selectors import pending as pending_calls
-from sessions_app import permissions, services
+from sessions_app import actions, permissions, services
+from sessions_app.actions import session_for
 from sessions_app.errors import NotBlocked, TerretError
+from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Event, Session
-from sessions_app.permissions import can_resolve
 from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
@@ -46,7 +47,6 @@ from sessions_app.web.present import (
     facts_context,
     with_cards,
 )
-from sessions_app.web.socket_paths import socket_url
 
 # What an empty chat offers to type (the demo model's keywords, README "Try it").
 SUGGESTIONS = (
@@ -72,20 +72,6 @@ def _event_rows(session: Session, *, before: int | None, upto: int) -> list[Even
     cursor = getattr(session, "deferred_cursor", 0)
     shown = [event_row(seq, kind, data, at, session.inbox_seq, cursor) for seq, kind, data, at in rows]
     return with_cards(session.id, shown)
-
-
-def _viewable(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = get_object_or_404(Session.objects.select_related("profile", "owner", "agent"), id=session_id)
-    if not permissions.can_view(request.user, session):
-        raise Http404("no such session")
-    return session
-
-
-def _drivable(request: HttpRequest, session_id: uuid.UUID) -> Session:
-    session = _viewable(request, session_id)
-    if not permissions.can_drive(request.user, session):
-        raise PermissionDenied("only the session's owner or staff may drive it")
-    return session
 
 
 def _agent_id(session: Session) -> str:
@@ -167,7 +153,7 @@ def session_new(request: HttpRequest) -> HttpResponse:
     form = NewSessionForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
-            session = services.create_session(request.user, form.cleaned_data["profile"])
+            session = services.create_session(owner=request.user, profile=form.cleaned_data["profile"])
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
@@ -180,7 +166,7 @@ def session_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 @vary_on_headers("HX-Request")
 def session_chat(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = _viewable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     try:
         before = _parse_seq(request.GET.get("before"))
     except ValueError:
@@ -210,7 +196,7 @@ def _no_store(response: HttpResponse) -> HttpResponse:
 def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Send a message: it wakes an idle agent, or becomes a steer that rides
     the running turn's next step (shown as queued until it lands)."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     htmx = bool(getattr(request, "htmx", False))
     form = MessageForm(request.POST)
     notice = ""
@@ -254,8 +240,7 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 @login_required
 @require_POST
 def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = _drivable(request, session_id)
-    cancelled = services.cancel(session.id, by=request.user.get_username())
+    cancelled = actions.cancel(request.user, session_id)["cancelled"]
     if getattr(request, "htmx", False):
         # The status badge follows the log over the websocket.
         return HttpResponse(status=204)
@@ -263,17 +248,16 @@ def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         messages.info(request, "Stopped: the turn ends within a second, keeping what was streamed.")
     else:
         messages.info(request, "Nothing to stop: the agent is idle.")
-    return redirect("sessions:chat", session_id=session.id)
+    return redirect("sessions:chat", session_id=session_id)
 
 
 @login_required
 @require_POST
 def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Drive a blocked turn again now (the Retry button of a blocked session)."""
-    session = _drivable(request, session_id)
     htmx = bool(getattr(request, "htmx", False))
     try:
-        services.retry(session.id, by=request.user.get_username())
+        actions.retry(request.user, session_id)
     except NotBlocked:
         if htmx:
             return HttpResponse("Nothing to retry: the turn is not blocked.", status=409)
@@ -282,7 +266,7 @@ def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         if htmx:
             return HttpResponse(status=204)  # the header follows the log over the websocket
         messages.info(request, "Retrying the turn now.")
-    return redirect("sessions:chat", session_id=session.id)
+    return redirect("sessions:chat", session_id=session_id)
 
 
 RESOLVED_NOTICES = {
@@ -301,9 +285,7 @@ def session_resolve(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
     may read the session. htmx gets the notice re-rendered with what
     happened (status 200, so it swaps; `X-Terret-Error` carries an error's
     code); a plain POST redirects back with a message."""
-    session = _viewable(request, session_id)
-    if not can_resolve(request.user, session):
-        raise PermissionDenied("resolving an effect of unknown outcome needs staff")
+    session = session_for(request.user, session_id, "resolve")
     form = ResolveForm(request.POST)
     notice = error = code = ""
     if not form.is_valid():
@@ -340,7 +322,7 @@ def session_budget(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     session. htmx gets the panel re-rendered with what happened (status
     200, so it swaps; `X-Terret-Error` carries an error's code); a plain
     POST redirects back with a message."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     form = BudgetForm(request.POST)
     notice = error = code = ""
     if not form.is_valid():
@@ -387,7 +369,7 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """A new title by the user (a session/titled: the latest wins). htmx gets
     the header's manage block with what happened (200, so it swaps); the
     title itself follows over the socket. A plain POST redirects back."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     title = request.POST.get("title", "")
     notice = error = code = ""
     try:
@@ -419,7 +401,7 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 @require_POST
 def session_archive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Archive: hidden from the list, its agent disposed. Back to the list."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     try:
         session_services.archive_session(session.id, by=request.user.get_username())
     except TerretError as exc:
@@ -432,7 +414,7 @@ def session_archive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 @login_required
 @require_POST
 def session_unarchive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     session_services.unarchive_session(session.id, by=request.user.get_username())
     messages.info(request, "Unarchived: the session is back in the list.")
     return redirect("sessions:chat", session_id=session.id)
@@ -445,7 +427,7 @@ def session_unarchive(request: HttpRequest, session_id: uuid.UUID) -> HttpRespon
 @require_GET
 def session_context(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """What the model sees next, and the model picker (for those who may drive)."""
-    session = _viewable(request, session_id)
+    session = session_for(request.user, session_id, "view")
     if getattr(request, "htmx", False) and request.GET.get("fragment") == "panel":
         return render(request, "sessions/context.html#panel", _context_page(request, session))
     return render(request, "sessions/context.html", _context_page(request, session))
@@ -465,7 +447,7 @@ def _context_page(request: HttpRequest, session: Session, **extra: Any) -> dict[
 @require_POST
 def session_model(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """The model picker: repoint the main role (model/updated), from the next step."""
-    session = _drivable(request, session_id)
+    session = session_for(request.user, session_id, "drive")
     spec = request.POST.get("spec", "")
     try:
         services.set_model(session.id, "main", spec, by=request.user.get_username())

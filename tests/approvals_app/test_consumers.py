@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group
 
 from approvals_app import services as approvals
 from sessions_app import services
-from sessions_app.api.auth import issue_token
+from sessions_app.services.tokens import issue_token
 from tests.approvals_app.conftest import park
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +42,7 @@ def is_queue_fragment(html: str) -> bool:
 
 
 def test_the_fragment_is_the_reviewers_queue_as_an_out_of_band_swap(setup: dict[str, Any]) -> None:
-    from sessions_app.web.present import queue_fragment
+    from approvals_app.consumers import queue_fragment
 
     park(setup["session"].id, "c1")
     html = queue_fragment(setup["reviewer"]).strip()

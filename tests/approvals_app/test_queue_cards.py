@@ -17,8 +17,8 @@ from django.test import Client
 from approvals_app import services as approvals
 from approvals_app.selectors import pending, pending_count
 from sessions_app import log, services
-from sessions_app.api.auth import issue_token
 from sessions_app.models import Session
+from sessions_app.services.tokens import issue_token
 from tests.approvals_app.conftest import count, events, park
 
 HTMX = {"HTTP_HX_REQUEST": "true"}

@@ -10,11 +10,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from sessions_app import log, services
-from sessions_app.api.auth import issue_token
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.services.tokens import issue_token
 
 
-def token_for(user: Any, name: str = "") -> str:
+def token_for(user: Any, name: str = "test") -> str:
     return issue_token(user, name)[1]
 
 

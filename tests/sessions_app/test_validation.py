@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessions_app.api.errors import as_error
-from sessions_app.errors import InvalidInput, InvalidPayload, SessionNotFound, TerretError, UnknownEventKind
+from sessions_app.errors import InvalidInput, InvalidPayload, SessionNotFound, TerretError, UnknownEventKind, as_error
 from sessions_app.models import Event, Schedule, Session
 from sessions_app.validation import clean_json, clean_text, column_range, int_in_column, without_surrogates
 

@@ -9,8 +9,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from sessions_app.api.auth import issue_token
 from sessions_app.errors import InvalidInput
+from sessions_app.services.tokens import issue_token
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
-        parser.add_argument("--name", default="", help="a label shown in the admin, e.g. 'ci bot'")
+        parser.add_argument("--name", default="command line", help="a label shown in the admin, e.g. 'ci bot'")
 
     def handle(self, *args: Any, **options: Any) -> None:
         User = get_user_model()

@@ -14,7 +14,7 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
 from django.test import Client
 
-from sessions_app.api.schemas import BudgetFrame
+from sessions_app.actions.shapes import BudgetFrame
 from sessions_app.errors import InvalidInput
 from sessions_app.sockets.session import SessionConsumer, parse_frame
 from tests.helpers import events, kinds
@@ -210,7 +210,7 @@ def test_a_reviewer_may_not_set_the_budget_over_the_socket(make_user, session):
 
 
 def test_the_hello_frame_carries_the_budget(session):
-    from sessions_app.api import ops
+    from sessions_app import actions as ops
 
     consumer = consumer_of(session.owner, session)
     consumer.last_sent = 0

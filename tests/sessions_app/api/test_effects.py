@@ -15,8 +15,8 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string, _mask_cipher_secret
 from django.test import Client
 
+from sessions_app import actions as ops
 from sessions_app import log, services
-from sessions_app.api import ops
 from sessions_app.models import Session
 from tests.helpers import events, kinds
 from tests.sessions_app.apiutil import bearer, call, event_count, head, make_reviewer, token_for

@@ -11,8 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from sessions_app.api import auth
 from sessions_app.models import ApiToken
+from sessions_app.services import tokens as auth
 from tests.sessions_app.apiutil import bearer, call, token_for
 
 pytestmark = pytest.mark.django_db

@@ -14,10 +14,10 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from sessions_app import log, services
+from sessions_app.live import frames
 from sessions_app.log import hints
 from sessions_app.models import AgentProfile
-from sessions_app.sockets import frames
-from sessions_app.sockets.dashboard import DashboardConsumer
+from sessions_app.web.dashboard_socket import DashboardConsumer
 from sessions_app.web.present import TOO_LARGE_NOTICE, EventRow, row_fragment
 from tests.sessions_app.apiutil import new_session, token_for
 from tests.sessions_app.sockutil import db, fresh_channel_layer, open_socket

@@ -208,7 +208,7 @@ async def test_no_partial_frame_once_the_step_has_ended(fake_llm: Any, session: 
 
 
 def test_a_held_delta_the_text_already_holds_is_not_sent_twice() -> None:
-    from sessions_app.sockets.session import not_yet_in
+    from sessions_app.live.follow import not_yet_in
 
     held = [json.dumps({"type": "delta", "step": 1, "text": t}) for t in ("upon ", "a ", "time")]
     live = json.dumps({"type": "live", "call_id": "c1"})

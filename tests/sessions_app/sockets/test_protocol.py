@@ -16,13 +16,13 @@ from django.db import transaction
 from django.urls import re_path
 
 from sessions_app import log
-from sessions_app.api import auth as tokens
+from sessions_app.live import follow, hub
+from sessions_app.live.auth import SocketAuthStack
+from sessions_app.live.follow import OUTBOX_MAX
 from sessions_app.log import hints
 from sessions_app.models import ApiToken
-from sessions_app.sockets import hub
-from sessions_app.sockets import session as consumers
-from sessions_app.sockets.auth import SocketAuthStack
-from sessions_app.sockets.session import MAX_FRAME_BYTES, OUTBOX_MAX, SessionConsumer
+from sessions_app.services import tokens
+from sessions_app.sockets.session import MAX_FRAME_BYTES, SessionConsumer
 from tests.sessions_app.apiutil import head, token_for
 from tests.sessions_app.sockutil import (
     closed_with,
@@ -118,7 +118,7 @@ async def test_many_sockets_on_one_session_each_get_every_event_once(world):
 
 
 async def test_a_lost_hint_is_caught_up_by_the_poll(world, monkeypatch):
-    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.2)
+    monkeypatch.setattr(follow, "POLL_SECONDS", 0.2)
     comm = await open_socket(path(world))
     await synced(comm)
     monkeypatch.setattr(hints, "publish_event", lambda *a, **k: None)  # every hint is lost
@@ -361,7 +361,7 @@ async def test_a_revoked_token_stops_the_next_frame_and_closes_4403(world):
 
 
 async def test_a_deactivated_user_is_cut_off_by_the_poll(world, monkeypatch):
-    monkeypatch.setattr(consumers, "POLL_SECONDS", 0.2)
+    monkeypatch.setattr(follow, "POLL_SECONDS", 0.2)
     comm = await open_socket(path(world))
     await synced(comm)
 

@@ -21,7 +21,7 @@ from sessions_app import log, services
 from sessions_app.log import hints
 from sessions_app.models import AgentProfile, Event, Session, UsageDay
 from sessions_app.services import budgets
-from sessions_app.sockets.dashboard import DashboardConsumer
+from sessions_app.web.dashboard_socket import DashboardConsumer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 

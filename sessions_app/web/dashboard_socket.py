@@ -8,7 +8,7 @@ for this user and page and sends it as an htmx out-of-band swap
 too, since hints can be lost.
 
 A body larger than a socket frame may carry is never sent: a notice to
-reload goes instead (send_frame, sockets/frames.py).
+reload goes instead (send_frame, live/frames.py).
 
 Permissions are checked on every frame either way: before each fragment goes
 out the user must still be active (and their login session or token still
@@ -27,10 +27,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from sessions_app import permissions
+from sessions_app.live import frames
+from sessions_app.live.auth import live_user
 from sessions_app.log import hints
 from sessions_app.models import Session
-from sessions_app.sockets import frames
-from sessions_app.sockets.auth import live_user
 from sessions_app.web.dashboard import TOO_LARGE_NOTICE, dashboard_fragment
 
 COALESCE_SECONDS = 0.5

@@ -1,8 +1,8 @@
 """The websocket routes' paths, by name, and their reversal: pages name a
 socket by its route's name, as they name pages with {% url %}. The routes
-take an optional trailing slash. sockets/urls.py binds each to its consumer;
-the paths live here, with the pages, because pages name sockets and the
-sockets render pages' fragments (so sockets import web, never the reverse)."""
+take an optional trailing slash. terret_site/routing.py binds each to its
+consumer; the paths live here, beneath every door, because the pages of
+several doors name sockets that other doors serve."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from django.urls.resolvers import RegexPattern, URLResolver
 ROUTES: dict[str, str] = {
     # The session protocol (docs/protocol.md): JSON frames both ways.
     "session": r"^ws/sessions/(?P<session_id>[^/]+)/?$",
-    # The chat page: rendered fragments for htmx (sessions_app/sockets/page.py).
+    # The chat page: rendered fragments for htmx (sessions_app/web/page_socket.py).
     "chat": r"^ws/sessions/(?P<session_id>[^/]+)/page/?$",
     # The reviewer's live queue (approvals_app/consumers.py).
     "approvals": r"^ws/approvals/?$",
-    # The dashboard (sockets/dashboard.py).
+    # The dashboard (web/dashboard_socket.py).
     "dashboard": r"^ws/dashboard/?$",
 }
 
 
 def _unroutable(*args: Any, **kwargs: Any) -> HttpResponse:  # pragma: no cover - only reversed, never called
-    raise RuntimeError("socket paths are reversed here, served by sockets/urls.py")
+    raise RuntimeError("socket paths are reversed here, served by terret_site/routing.py")
 
 
 _resolver = URLResolver(RegexPattern(r"^"), [re_path(rx, _unroutable, name=name) for name, rx in ROUTES.items()])

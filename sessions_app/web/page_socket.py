@@ -1,6 +1,6 @@
 """The chat page's socket: /ws/sessions/<id>/page/?after=<seq>.
 
-The same consumer as the session socket (session.py: the same access
+The same follower as the session socket (live/follow.py: the same access
 checks, the same catch-up by seq from the database, the same hub), but what
 it sends is HTML for htmx's ws extension: each committed event as the chat
 template's `event` partial, plus the header, the approvals and the streaming
@@ -8,7 +8,7 @@ bubble brought up to date, all as out-of-band swaps (web/present.py renders
 them). It takes no frames: the page acts through its forms.
 
 A batch's fragments are fitted and packed into frames of at most
-TERRET_SOCKET_MAX_FRAME_BYTES (sockets/frames.py): a row too large for a
+TERRET_SOCKET_MAX_FRAME_BYTES (live/frames.py): a row too large for a
 frame goes out with its text cut and a "shown in part" note, and a long
 replay goes out as several frames, in order.
 """
@@ -20,21 +20,18 @@ import functools
 import json
 from typing import Any
 
+from sessions_app.live import frames, hub
+from sessions_app.live.follow import Follower, in_thread
 from sessions_app.log import reads
-from sessions_app.sockets import frames, hub
-from sessions_app.sockets.session import SessionConsumer, _in_thread
 from sessions_app.web.present import TOO_LARGE_NOTICE, ChatFollower
 
 
-class ChatPageConsumer(SessionConsumer):
+class ChatPageConsumer(Follower):
     follower: ChatFollower | None = None
 
     def hello_frame(self, access: dict[str, Any], state: dict[str, Any]) -> str:
         self.follower = ChatFollower(access["session"], self.scope["user"])
         return ""  # nothing to show: the page already shows everything up to ?after=
-
-    def synced_frame(self) -> str:
-        return ""
 
     def stand_in(self, text: str, nbytes: int) -> str:
         return TOO_LARGE_NOTICE  # frames are fitted before they are queued; this is the last resort
@@ -43,7 +40,7 @@ class ChatPageConsumer(SessionConsumer):
         new = [(seq, text) for seq, text in rows if seq > self.last_sent]
         if not new or self.follower is None:
             return
-        for html in await _in_thread(self._frames, hub.READ_POOL)(new):
+        for html in await in_thread(self._frames, hub.READ_POOL)(new):
             await self.outbox.put(html)  # waits while a slow client's outbox is full
         self.last_sent = new[-1][0]
 
@@ -61,7 +58,7 @@ class ChatPageConsumer(SessionConsumer):
         if not self.synced or self.follower is None:
             return
         if self.held_deltas is not None:
-            self.held_deltas.append(frame)  # after the step's text so far (SessionConsumer._send_partial)
+            self.held_deltas.append(frame)  # after the step's text so far (Follower._send_partial)
             return
         delta = json.loads(frame)
         html = self.follower.delta(int(delta.get("step") or 0), str(delta.get("text") or ""))

@@ -25,7 +25,7 @@ from channels.security.websocket import AllowedHostsOriginValidator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
-from sessions_app.api.auth import active_user, authenticate_token, token_is_live
+from sessions_app.services.tokens import active_user, authenticate_token, token_is_live
 
 
 def token_from_scope(scope: dict[str, Any]) -> str | None:

@@ -23,7 +23,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from sessions_app.log import hints
-from sessions_app.log.reads import PAGE, EventFrame, event_frames
+from sessions_app.log.reads import PAGE, EventFrame, Page, event_frames, more_follow, read_max_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,15 @@ class _Tail:
         if after + 1 < first or target > last:
             return None
         start = after + 1 - first
-        return self.frames[start : start + PAGE]
+        out = Page()
+        budget, total = read_max_bytes(), 0
+        for frame in self.frames[start : start + PAGE]:
+            total += len(frame[1])
+            if out and total > budget:
+                out.cut = True  # bounded in bytes like a database read (log/reads.py)
+                break
+            out.append(frame)
+        return out
 
     def merge(self, after: int, rows: list[EventFrame], *, complete: bool) -> None:
         """Fold in a page read from the database (seqs after+1.. in order).
@@ -92,7 +100,7 @@ class FrameCache:
         rows = await aread_frames(session_id, after, limit)
         tail = self._tails.get(session_id)
         if tail is not None:
-            tail.merge(after, rows, complete=len(rows) < limit)
+            tail.merge(after, rows, complete=not more_follow(rows, limit))
         return rows
 
     async def live(self, session_id: uuid.UUID, after: int, target: int) -> list[EventFrame]:

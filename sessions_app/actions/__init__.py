@@ -1,0 +1,100 @@
+"""The floor under every door: one function per thing a user can do.
+
+Every door (the pages in web/, the JSON API in api/, the session socket in
+sockets/, the LangGraph-compatible /lg/, the approvals and policies pages)
+calls the same verb with the authenticated user, and the verb asks the one
+access rule first (`access.session_for(user, session_id, need)`):
+
+- a missing or unreadable session is `UnknownSession` (404 on every door),
+- a readable one the user may not do `need` to is `NotAllowed` (403),
+
+then calls one service. Doors only validate the shape of a request and
+render the answer (api/schemas.py, lg/mapping.py, the socket's frames, the
+templates); no door decides who may do what, and no door imports another.
+
+Verbs, by noun (`verb(user, session_id, ...)`):
+
+- sessions.py: list_profiles, create_session, session_detail, events,
+  socket_access, cancel, retry, compact, set_model (and health, live_state,
+  head for a socket that was let in already)
+- inputs.py: inject, input_receipt, withdraw
+- schedules.py: list_schedules, create_schedule, cancel_schedule
+- approvals.py: decide
+- policies.py: set_policy
+- effects.py: effects, resolve
+- budgets.py: budget, set_budget (budget_state)
+- forks.py: fork
+- operators.py: attention, suspend, resume, session_action (staff)
+
+The needs are view, drive, approve, resolve and operate (access.py;
+sessions_app/permissions.py says who has each).
+"""
+
+from __future__ import annotations
+
+from sessions_app.actions.access import Need, allowed, by, operator, parse_session_id, session_for
+from sessions_app.actions.approvals import decide
+from sessions_app.actions.budgets import budget, budget_state, set_budget
+from sessions_app.actions.effects import effects, resolve
+from sessions_app.actions.forks import fork, fork_json
+from sessions_app.actions.inputs import inject, input_receipt, withdraw
+from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
+from sessions_app.actions.policies import set_policy
+from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
+from sessions_app.actions.sessions import (
+    cancel,
+    compact,
+    create_session,
+    events,
+    head,
+    health,
+    list_profiles,
+    live_state,
+    retry,
+    session_detail,
+    set_model,
+    socket_access,
+    usable_profiles,
+)
+
+__all__ = [
+    "SESSION_ACTIONS",
+    "Need",
+    "allowed",
+    "attention",
+    "budget",
+    "budget_state",
+    "by",
+    "cancel",
+    "cancel_schedule",
+    "compact",
+    "create_schedule",
+    "create_session",
+    "decide",
+    "effects",
+    "events",
+    "fork",
+    "fork_json",
+    "head",
+    "health",
+    "inject",
+    "input_receipt",
+    "list_profiles",
+    "list_schedules",
+    "live_state",
+    "operator",
+    "parse_session_id",
+    "resolve",
+    "resume",
+    "retry",
+    "session_action",
+    "session_detail",
+    "session_for",
+    "set_budget",
+    "set_model",
+    "set_policy",
+    "socket_access",
+    "suspend",
+    "usable_profiles",
+    "withdraw",
+]

@@ -1,0 +1,90 @@
+"""The one rule of who may touch a session, for every door.
+
+`session_for(user, session_id, need)` is asked first by every action, so the
+web pages, the JSON API, the socket frames and /lg/ give the same answer to
+the same question:
+
+- a session that does not exist, or that the user may not view (a foreign
+  id), is `UnknownSession` (404 on every door), so ids cannot be probed;
+- one the user may view but not do `need` to is `NotAllowed` (403).
+
+`need` is one of view, drive, approve, resolve, operate (sessions_app.
+permissions says who may each). Operators' actions on no session (the
+console's attention list, suspending a profile) ask `operator(user)`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from sessions_app.errors import NotAllowed, UnknownSession
+from sessions_app.models import Session
+from sessions_app.permissions import (
+    can_approve,
+    can_drive,
+    can_resolve,
+    can_view,
+    is_operator,
+    owner_may_resolve,
+)
+
+Need = Literal["view", "drive", "approve", "resolve", "operate"]
+
+_REFUSALS: dict[str, str] = {
+    "drive": "only the session's owner or staff may do that",
+    "approve": "deciding approvals needs the approve permission",
+    "operate": "operators' actions need staff",
+}
+
+
+def parse_session_id(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise UnknownSession(f"no session {str(value)[:64]!r}") from None
+
+
+def allowed(user: Any, session: Session, need: Need) -> bool:
+    """May `user` do `need` to `session`, which they may view."""
+    if need == "view":
+        return can_view(user, session)
+    if need == "drive":
+        return can_drive(user, session)
+    if need == "approve":
+        return can_approve(user, session)
+    if need == "resolve":
+        return can_resolve(user, session)
+    return is_operator(user)
+
+
+def session_for(user: Any, session_id: Any, need: Need) -> Session:
+    """The session, if `user` may do `need` to it (see the module docstring)."""
+    sid = parse_session_id(session_id)
+    session = Session.objects.select_related("profile", "owner", "agent").filter(id=sid).first()
+    if session is None or not can_view(user, session):
+        raise UnknownSession(f"no session {sid}")
+    if not allowed(user, session, need):
+        raise NotAllowed(_refusal(need))
+    return session
+
+
+def operator(user: Any) -> None:
+    """Operators' actions that name no session (attention, suspend, resume)."""
+    if not is_operator(user):
+        raise NotAllowed(_REFUSALS["operate"])
+
+
+def _refusal(need: Need) -> str:
+    if need == "resolve":
+        return "resolving an effect of unknown outcome needs staff" + (
+            "" if owner_may_resolve() else " (owners may not: TERRET_OWNER_MAY_RESOLVE is off)"
+        )
+    return _REFUSALS.get(need, "not allowed")
+
+
+def by(user: Any) -> str:
+    """Who did it, as the log records it."""
+    return str(user.get_username())

@@ -1,0 +1,14 @@
+"""Policies: a session's allow-list of tool patterns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies_app import services as policy_services
+from sessions_app.actions.access import session_for
+
+
+def set_policy(user: Any, session_id: Any, patterns: list[str]) -> dict[str, Any]:
+    session = session_for(user, session_id, "drive")
+    event = policy_services.update_policy(session.id, patterns, user=user)
+    return {"patterns": event.data["patterns"], "seq": event.seq}
