@@ -682,9 +682,16 @@ def _answer_interrupt(user: Any, session: Session, tv: ThreadView, said: Said) -
     """Input typed at an interrupt: every parked call is denied (the tool
     message naming one gives its reason), and the text rides the resumed turn's
     next step, so the model reads the denials and the text together. It is
-    queued before the verdicts, so the resumed step cannot miss it."""
+    queued before the verdicts, so the resumed step cannot miss it.
+
+    Sending is a drive; denying is a reviewer's decision. A driver who may
+    not decide approvals (an owner outside the reviewers) is answered as on
+    every other door: the text is queued, and rides the turn once a reviewer
+    has decided."""
     actions.session_for(user, session.id, "drive")
-    actions.session_for(user, session.id, "approve")
+    if not actions.allowed(user, session, "approve"):
+        receipt = actions.inject(user, session.id, said.text, True, None, lane="steer")
+        return Started(session.id, mapping.run_id(session.id, receipt["seq"]), receipt["seq"])
     waiting = sorted(tv.tracker.waiting.values(), key=lambda r: r.seq)
     actions.inject(user, session.id, said.text, True, None, lane="steer")
     last = None

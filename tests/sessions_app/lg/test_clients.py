@@ -114,6 +114,21 @@ def test_a_command_beside_an_empty_input_wins(
     assert Event.objects.filter(session_id=thread, kind="approval/resolved", data__verdict="approve").count() == 1
 
 
+def test_an_owner_who_may_not_decide_has_text_at_an_interrupt_queued(
+    client: Client, fake_llm: Any, make_user: Any, lg_profile: AgentProfile
+) -> None:
+    """Denying is a reviewer's decision: an owner outside the reviewers typing
+    at an interrupt has the text queued (as on the API), nothing denied."""
+    token = token_for(make_user("plain-owner"))
+    thread = new_thread(client, token)
+    turn(client, token, thread, fake_llm, "write", write_call("a.txt", "hi"))
+    answer = run(client, token, thread, {"input": say("also this")})
+    assert answer.status_code == 200, answer.json()
+    queued = Event.objects.filter(session_id=thread, kind="input/queued").values_list("data", flat=True)
+    assert [d["text"] for d in queued] == ["also this"]
+    assert not Event.objects.filter(session_id=thread, kind="approval/resolved").exists()
+
+
 def test_typing_at_an_interrupt_denies_the_parked_calls_and_is_the_next_input(
     client: Client, lg_token: str, fake_llm: Any
 ) -> None:
