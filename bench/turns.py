@@ -3,6 +3,9 @@
   DATABASE_URL=postgres://root@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/11 \
       .venv/bin/python bench/turns.py
 
+Its scratch database is `terret_bench_turns` next to DATABASE_URL, or
+TERRET_BENCH_TURNS_DB (two checkouts measured back to back on one server).
+
 (a) overhead per step: the model answers instantly through the local SSE
     server, one no-op tool per step, 25-step turns; median ms per step next to
     the raw append latency (psycopg: row lock, insert, commit) measured now.
@@ -506,7 +509,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["a", "b", "c"])
     parser.add_argument("--tool-a", choices=sorted(TOOLS_A), default="noop", help="(a)'s tool per step")
     args = parser.parse_args()
-    url = scratch_database("terret_bench_turns")
+    url = scratch_database(os.environ.get("TERRET_BENCH_TURNS_DB", "terret_bench_turns"))
     purge()
     ok = True
     if args.only in (None, "a"):
