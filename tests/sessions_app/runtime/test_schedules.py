@@ -284,6 +284,9 @@ def test_the_embedded_clock_fires_in_process(fake_llm: Any, session: Session, se
     settings.TERRET_WORKSPACE_ROOT = tmp_path
     settings.TERRET_SCHEDULE_POLL_SECONDS = 0.05
     fake_llm.script(Reply(text="on time"))
+    # A clock an earlier test started (importing terret_site.asgi in embedded
+    # mode starts one) may still run on that test's database: this one's own.
+    stop_clock()
     start_clock(lambda: settings.TERRET_WORKER == "inprocess")
     try:
         make(session, due_at=at(0.3))
