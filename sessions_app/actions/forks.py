@@ -17,6 +17,20 @@ def fork(user: Any, session_id: Any, at_seq: int, policy: str) -> dict[str, Any]
     return fork_json(child)
 
 
+def edit_and_resend(user: Any, session_id: Any, at_seq: int, text: str) -> Session:
+    """A fork of the caller's just before the user message at `at_seq`, with
+    `text` sent in its place (services/forks.py validates before forking)."""
+    parent = session_for(user, session_id, "view")
+    return fork_services.edit_and_resend(parent.id, at_seq, text, user=user)[0]
+
+
+def regenerate(user: Any, session_id: Any, at_seq: int) -> Session:
+    """A fork of the caller's at the turn of the assistant message at
+    `at_seq`, asked again."""
+    parent = session_for(user, session_id, "view")
+    return fork_services.regenerate(parent.id, at_seq, user=user)
+
+
 def fork_json(child: Session) -> dict[str, Any]:
     origin = fork_services.forked_from(child.id) or {}
     return {

@@ -31,6 +31,8 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ScopeIn,
     Status,
 )
+from sessions_app.models import Schedule as ScheduleRow
+from sessions_app.services import schedules
 
 # ---------------------------------------------------------------- outputs
 
@@ -209,6 +211,15 @@ class ScheduleOut(Schema):
     )
     created_by: str
     created_at: str
+
+
+def schedule_out(made: ScheduleRow) -> dict[str, Any]:
+    """A schedule as ScheduleOut (services.schedules.as_json: one shape for every door)."""
+    return schedules.as_json(made)
+
+
+def schedules_out(rows: list[ScheduleRow]) -> dict[str, Any]:
+    return {"schedules": [schedule_out(s) for s in rows]}
 
 
 class SchedulesOut(Schema):

@@ -52,6 +52,8 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    schedule_out,
+    schedules_out,
 )
 from sessions_app.api.schemas import Status as SessionStatus
 from sessions_app.errors import (
@@ -252,7 +254,7 @@ def withdraw_input(request: HttpRequest, session_id: str, seq: int) -> Any:
 @api.get("/sessions/{session_id}/schedules", response={200: SchedulesOut, **_READ_ERRORS}, tags=["schedules"])
 def list_schedules(request: HttpRequest, session_id: str) -> Any:
     """The session's schedules, newest first: status, runs, next_due_at, last_outcome."""
-    return actions.list_schedules(_user(request), session_id)
+    return schedules_out(actions.list_schedules(_user(request), session_id))
 
 
 @api.post(
@@ -267,7 +269,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
     (422 schedule_limit). The same idempotency_key and request answers the
     schedule made before (200); a new one is 201."""
     made, new = actions.create_schedule(_user(request), session_id, payload.model_dump(exclude_none=True))
-    return Status(201 if new else 200, made)
+    return Status(201 if new else 200, schedule_out(made))
 
 
 @api.delete(
@@ -275,7 +277,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
 )
 def cancel_schedule(request: HttpRequest, session_id: str, schedule_id: str) -> Any:
     """Cancel a pending or paused schedule (a schedule/cancelled event)."""
-    return actions.cancel_schedule(_user(request), session_id, schedule_id)
+    return schedule_out(actions.cancel_schedule(_user(request), session_id, schedule_id))
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])

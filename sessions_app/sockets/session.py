@@ -48,6 +48,7 @@ from sessions_app.errors import (
     error_body,
 )
 from sessions_app.live.follow import AccessLost, Close, Follower, in_thread
+from sessions_app.services import schedules
 
 logger = logging.getLogger(__name__)
 
@@ -194,9 +195,9 @@ class SessionConsumer(Follower):
                 return {"receipt": actions.withdraw(user, sid, frame.seq)}
             case "schedule":
                 made, _ = actions.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
-                return {"schedule": made}
+                return {"schedule": schedules.as_json(made)}
             case "cancel_schedule":
-                return {"schedule": actions.cancel_schedule(user, sid, frame.schedule_id)}
+                return {"schedule": schedules.as_json(actions.cancel_schedule(user, sid, frame.schedule_id))}
             case "approve" | "deny":
                 return actions.decide(
                     user,
