@@ -221,25 +221,23 @@ def post_input(
     """Send input. The receipt says whether it started a turn or was queued
     for the running one. Same Idempotency-Key and payload: the original
     receipt (replayed=true); same key, other payload: 409."""
-    return Status(
-        202,
-        actions.inject(
-            _user(request),
-            session_id,
-            payload.text,
-            payload.wake,
-            idempotency_key,
-            lane=payload.lane,
-            multitask_strategy=payload.multitask_strategy,
-        ),
+    receipt = actions.inject(
+        _user(request),
+        session_id,
+        payload.text,
+        payload.wake,
+        idempotency_key,
+        lane=payload.lane,
+        multitask_strategy=payload.multitask_strategy,
     )
+    return Status(202, receipt.as_json())
 
 
 @api.get("/sessions/{session_id}/inputs/{seq}", response={200: ReceiptOut, **_READ_ERRORS}, tags=["sessions"])
 def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """An input's receipt with its current disposition: queued, held, placed
     (placed_seq), answered (answered_seq: the turn/end) or withdrawn."""
-    return actions.input_receipt(_user(request), session_id, seq)
+    return actions.input_receipt(_user(request), session_id, seq).as_json()
 
 
 @api.post(
@@ -248,7 +246,7 @@ def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
 def withdraw_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """Take back input no turn has taken in yet (an input/withdrawn event).
     Input already placed in the transcript: 409 input_consumed."""
-    return actions.withdraw(_user(request), session_id, seq)
+    return actions.withdraw(_user(request), session_id, seq).as_json()
 
 
 @api.get("/sessions/{session_id}/schedules", response={200: SchedulesOut, **_READ_ERRORS}, tags=["schedules"])

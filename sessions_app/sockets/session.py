@@ -189,10 +189,10 @@ class SessionConsumer(Follower):
                         frame.idempotency_key,
                         lane=frame.lane,
                         multitask_strategy=frame.multitask_strategy,
-                    )
+                    ).as_json()
                 }
             case "withdraw":
-                return {"receipt": actions.withdraw(user, sid, frame.seq)}
+                return {"receipt": actions.withdraw(user, sid, frame.seq).as_json()}
             case "schedule":
                 made, _ = actions.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
                 return {"schedule": schedules.as_json(made)}

@@ -215,12 +215,12 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
-            if receipt["disposition"] == "queued" and form.cleaned_data["lane"] == "follow_up":
+            if receipt.disposition == "queued" and form.cleaned_data["lane"] == "follow_up":
                 notice = "Queued: your message is sent as a new turn when this one ends."
-            elif receipt["disposition"] == "queued":
+            elif receipt.disposition == "queued":
                 notice = "Queued: your message rides the agent's next step."
-            elif receipt["disposition"] == "held":
-                notice = f"Held: {receipt['held_reason']}. It runs once the budget allows."
+            elif receipt.disposition == "held":
+                notice = f"Held: {receipt.held_reason}. It runs once the budget allows."
             if not htmx:
                 if notice:
                     messages.info(request, notice)
