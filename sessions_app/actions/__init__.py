@@ -37,7 +37,7 @@ from __future__ import annotations
 from sessions_app.actions.access import Need, allowed, by, operator, parse_session_id, session_for
 from sessions_app.actions.approvals import decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
-from sessions_app.actions.effects import effects, resolve
+from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, fork_json, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
@@ -65,6 +65,7 @@ from sessions_app.actions.sessions import (
 __all__ = [
     "SESSION_ACTIONS",
     "Need",
+    "Resolved",
     "allowed",
     "archive",
     "ask_again",

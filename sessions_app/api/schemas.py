@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import Field
 
+from sessions_app.actions import Resolved
 from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re-exported for the API's views
     FRAMES,
     BudgetIn,
@@ -33,6 +34,7 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
 )
 from sessions_app.models import Schedule as ScheduleRow
 from sessions_app.services import schedules
+from sessions_app.services.effects import Effect
 
 # ---------------------------------------------------------------- outputs
 
@@ -211,6 +213,15 @@ class ScheduleOut(Schema):
     )
     created_by: str
     created_at: str
+
+
+def effects_out(rows: list[Effect]) -> dict[str, Any]:
+    """The ledger as EffectsOut; `pending` counts the attempts of unknown outcome."""
+    return {"effects": [e.as_json() for e in rows], "pending": sum(1 for e in rows if e.state == "unknown")}
+
+
+def resolved_out(resolved: Resolved) -> dict[str, Any]:
+    return {"resolved": resolved.effect.as_json(), "status": resolved.status}
 
 
 def schedule_out(made: ScheduleRow) -> dict[str, Any]:

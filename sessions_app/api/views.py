@@ -52,6 +52,8 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    effects_out,
+    resolved_out,
     schedule_out,
     schedules_out,
 )
@@ -332,7 +334,7 @@ def retry(request: HttpRequest, session_id: str) -> Any:
 def list_effects(request: HttpRequest, session_id: str) -> Any:
     """The effect ledger: every attempt of a tool call that is not inline, oldest
     first, with its state; `pending` counts those of unknown outcome."""
-    return actions.effects(_user(request), session_id)
+    return effects_out(actions.effects(_user(request), session_id))
 
 
 @api.post(
@@ -345,7 +347,9 @@ def resolve_effect(request: HttpRequest, session_id: str, call_id: str, payload:
     with TERRET_OWNER_MAY_RESOLVE on): run it again, or record it done or
     failed. 404 unknown_effect: no attempt of that call; 409
     effect_not_pending: none of unknown outcome, or a rerun of an ended turn."""
-    return actions.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+    return resolved_out(
+        actions.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+    )
 
 
 @api.get("/sessions/{session_id}/budget", response={200: BudgetOut, **_READ_ERRORS}, tags=["budgets"])
