@@ -38,7 +38,7 @@ from sessions_app.actions.access import Need, allowed, by, operator, parse_sessi
 from sessions_app.actions.approvals import decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
 from sessions_app.actions.effects import Resolved, effects, resolve
-from sessions_app.actions.forks import edit_and_resend, fork, fork_json, regenerate
+from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
 from sessions_app.actions.policies import ask_again, set_policy
@@ -83,7 +83,6 @@ __all__ = [
     "effects",
     "events",
     "fork",
-    "fork_json",
     "head",
     "health",
     "inject",

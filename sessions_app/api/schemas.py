@@ -33,7 +33,8 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     Status,
 )
 from sessions_app.models import Schedule as ScheduleRow
-from sessions_app.services import schedules
+from sessions_app.models import Session as SessionRow
+from sessions_app.services import forks, schedules
 from sessions_app.services.effects import Effect
 
 # ---------------------------------------------------------------- outputs
@@ -222,6 +223,11 @@ def effects_out(rows: list[Effect]) -> dict[str, Any]:
 
 def resolved_out(resolved: Resolved) -> dict[str, Any]:
     return {"resolved": resolved.effect.as_json(), "status": resolved.status}
+
+
+def fork_out(child: SessionRow) -> dict[str, Any]:
+    """A new fork as ForkOut (services.forks.as_json, the socket's shape too)."""
+    return forks.as_json(child)
 
 
 def schedule_out(made: ScheduleRow) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from sessions_app.api.schemas import (
     SessionListOut,
     SessionOut,
     effects_out,
+    fork_out,
     resolved_out,
     schedule_out,
     schedules_out,
@@ -386,7 +387,7 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
     may read a session may fork it). 422 invalid_fork_point: at_seq is no fork
     point (inside a step, past the head, inside a fork's seed); `before` and
     `after` name the nearest ones."""
-    return Status(201, actions.fork(_user(request), session_id, payload.at_seq, payload.policy))
+    return Status(201, fork_out(actions.fork(_user(request), session_id, payload.at_seq, payload.policy)))
 
 
 # ---------------------------------------------------------------- operators (staff only)

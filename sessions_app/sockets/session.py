@@ -48,7 +48,7 @@ from sessions_app.errors import (
     error_body,
 )
 from sessions_app.live.follow import AccessLost, Close, Follower, in_thread
-from sessions_app.services import schedules
+from sessions_app.services import forks, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class SessionConsumer(Follower):
             case "budget":
                 return {"budget": actions.set_budget(user, sid, frame.limit.model_dump())}
             case "fork":
-                return {"session": actions.fork(user, sid, frame.at_seq, frame.policy)}
+                return {"session": forks.as_json(actions.fork(user, sid, frame.at_seq, frame.policy))}
             case "ping":
                 actions.session_for(user, sid, "view")
                 return {}
