@@ -33,12 +33,12 @@ def list_profiles(user: Any) -> dict[str, Any]:
     return {"profiles": [{"name": r["name"], "description": r["description"]} for r in rows]}
 
 
-def create_session(user: Any, profile: str) -> dict[str, Any]:
+def create_session(user: Any, profile: str) -> Session:
+    """A new session of `user`'s from the profile named `profile`."""
     found = usable_profiles(user).filter(name=profile).first()
     if found is None:
         raise InvalidInput(f"unknown profile {profile[:64]!r}; GET /api/profiles lists yours")
-    session = services.create_session(user, found)
-    return {"id": str(session.id), "profile": found.name, "status": session.status}
+    return services.create_session(user, found)
 
 
 def _iso(info: dict[str, Any] | None) -> dict[str, Any] | None:

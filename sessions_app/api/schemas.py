@@ -225,6 +225,15 @@ def resolved_out(resolved: Resolved) -> dict[str, Any]:
     return {"resolved": resolved.effect.as_json(), "status": resolved.status}
 
 
+def created_out(session: SessionRow) -> dict[str, Any]:
+    """A new session as CreatedOut."""
+    return {
+        "id": str(session.id),
+        "profile": session.profile.name if session.profile else None,
+        "status": session.status,
+    }
+
+
 def fork_out(child: SessionRow) -> dict[str, Any]:
     """A new fork as ForkOut (services.forks.as_json, the socket's shape too)."""
     return forks.as_json(child)

@@ -52,6 +52,7 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    created_out,
     effects_out,
     fork_out,
     resolved_out,
@@ -187,7 +188,7 @@ def list_profiles(request: HttpRequest) -> Any:
 )
 def sessions_create(request: HttpRequest, payload: CreateSessionIn) -> Any:
     """Start a session from a profile (its agent is spawned by its first input)."""
-    return Status(201, actions.create_session(_user(request), payload.profile))
+    return Status(201, created_out(actions.create_session(_user(request), payload.profile)))
 
 
 @api.get("/sessions", response={200: SessionListOut, **_READ_ERRORS}, tags=["sessions"])

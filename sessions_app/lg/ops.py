@@ -428,7 +428,7 @@ def create_thread(user: Any, body: dict[str, Any]) -> dict[str, Any]:
             raise UnknownAssistant("there is no profile to start a thread with")
         return thread(sessions.create_unbound_session(user))
     created = actions.create_session(user, profile_for(user, ref).name)
-    return thread(actions.session_for(user, created["id"], "view"))
+    return thread(actions.session_for(user, created.id, "view"))
 
 
 def _existing_thread(user: Any, body: dict[str, Any]) -> Session:

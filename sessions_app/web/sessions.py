@@ -157,7 +157,7 @@ def session_new(request: HttpRequest) -> HttpResponse:
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
-            return redirect("sessions:chat", session_id=made["id"])
+            return redirect("sessions:chat", session_id=made.id)
     status = 400 if request.method == "POST" else 200
     return render(request, "sessions/new.html", {"form": form}, status=status)
 
