@@ -35,7 +35,7 @@ sessions_app/permissions.py says who has each).
 from __future__ import annotations
 
 from sessions_app.actions.access import Need, allowed, by, operator, parse_session_id, session_for
-from sessions_app.actions.approvals import decide
+from sessions_app.actions.approvals import Decision, decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
 from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
@@ -64,6 +64,7 @@ from sessions_app.actions.sessions import (
 
 __all__ = [
     "SESSION_ACTIONS",
+    "Decision",
     "Need",
     "Resolved",
     "allowed",

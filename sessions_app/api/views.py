@@ -300,7 +300,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
     """Approve or deny a call parked in the open turn (reviewers). An approval
     may carry `edited_args` (run instead of the model's arguments) and
     `allow_for_session` (the tool stops asking for the rest of the session)."""
-    return actions.decide(
+    decided = actions.decide(
         _user(request),
         session_id,
         call_id,
@@ -310,6 +310,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
         edited_args=payload.edited_args,
         allow_for_session=payload.allow_for_session,
     )
+    return decided.as_json()
 
 
 @api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])

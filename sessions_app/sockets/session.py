@@ -208,7 +208,7 @@ class SessionConsumer(Follower):
                     frame.request_seq,
                     edited_args=frame.edited_args,
                     allow_for_session=frame.allow_for_session,
-                )
+                ).as_json()
             case "cancel":
                 return actions.cancel(user, sid)
             case "retry":
