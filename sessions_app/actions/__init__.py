@@ -12,6 +12,13 @@ then calls one service. Doors only validate the shape of a request and
 render the answer (api/schemas.py, lg/mapping.py, the socket's frames, the
 templates); no door decides who may do what, and no door imports another.
 
+Verbs return domain values, which each door shapes: a Session
+(create_session, fork, edit_and_resend, regenerate, archive, unarchive), a
+Receipt (inject, input_receipt, withdraw), Schedule rows, the ledger's
+Effects and `Resolved`, a `Decision`. Not converted yet (they still return
+JSON-ready dicts): session_detail, events, cancel, retry, compact,
+set_model, set_policy, budget, set_budget, the operators' verbs.
+
 Verbs, by noun (`verb(user, session_id, ...)`):
 
 - sessions.py: list_profiles, create_session, session_detail, events,
