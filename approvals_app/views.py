@@ -119,10 +119,10 @@ def decide(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     return redirect(_next_url(request, origin))
 
 
-def _notice(data: dict[str, object], allowed: bool) -> str:
-    if data["verdict"] != "approve":
+def _notice(decided: actions.Decision, allowed: bool) -> str:
+    if decided.verdict != "approve":
         return "Denied."
-    notice = "Approved with your edits." if data.get("edited_args") is not None else "Approved."
+    notice = "Approved with your edits." if decided.edited_args is not None else "Approved."
     return notice + (" The tool no longer asks in this session." if allowed else "")
 
 

@@ -18,7 +18,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from approvals_app.selectors import waived_tools
-from policies_app import services
 from policies_app.patterns import MAX_PATTERNS, parse_lines
 from policies_app.selectors import current_policy, history
 from sessions_app import actions
@@ -65,7 +64,9 @@ def _ask_again(request: HttpRequest, session: Session) -> HttpResponse:
     """A waived tool asks for approval again (policies_app.services.ask_again)."""
     error = ""
     try:
-        services.ask_again(session.id, request.POST.get("ask_again", ""), user=request.user)
+        actions.ask_again(request.user, session.id, request.POST.get("ask_again", ""))
+    except UnknownSession:
+        raise Http404("no such session") from None
     except NotAllowed as exc:
         raise PermissionDenied(str(exc)) from None
     except TerretError as exc:

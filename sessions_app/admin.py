@@ -13,16 +13,15 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from sessions_app import services
-from sessions_app.errors import AgentBusy, InvalidInput, TerretError
+from sessions_app.actions.words import compact_outcome, status_label
+from sessions_app.errors import AgentBusy, InvalidInput, NotAllowed, TerretError, UnknownSession
 from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Schedule, Session
-from sessions_app.permissions import can_drive, is_operator
+from sessions_app.permissions import is_operator
 from sessions_app.runtime.profiles import check_profile
 from sessions_app.services import operators, schedules
 from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
-from sessions_app.web.dashboard import compact_outcome
-from sessions_app.web.present import status_label
 
 # The profile's tool and model configuration, and what an empty field means.
 CHECKED_FIELDS: dict[str, Any] = {
@@ -259,10 +258,11 @@ class SessionAdmin(admin.ModelAdmin[Session]):
     @admin.action(description="Compact selected sessions")
     def compact_selected(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
         for session in queryset[:50]:  # each one is a model call
-            if not can_drive(request.user, session):
+            try:
+                ok, text = compact_outcome(request.user, session.id)
+            except (UnknownSession, NotAllowed):
                 self.message_user(request, f"{session}: you may not compact it", messages.ERROR)
                 continue
-            ok, text = compact_outcome(session.id)
             self.message_user(request, f"{session}: {text}", messages.SUCCESS if ok else messages.WARNING)
 
     def _ids(self, queryset: QuerySet[Session]) -> list[str]:

@@ -12,19 +12,28 @@ then calls one service. Doors only validate the shape of a request and
 render the answer (api/schemas.py, lg/mapping.py, the socket's frames, the
 templates); no door decides who may do what, and no door imports another.
 
+Verbs return domain values, which each door shapes: a Session
+(create_session, fork, edit_and_resend, regenerate, archive, unarchive), a
+Receipt (inject, input_receipt, withdraw), Schedule rows, the ledger's
+Effects and `Resolved`, a `Decision`. Not converted yet (they still return
+JSON-ready dicts): session_detail, events, cancel, retry, compact,
+set_model, set_policy, budget, set_budget, the operators' verbs.
+
 Verbs, by noun (`verb(user, session_id, ...)`):
 
 - sessions.py: list_profiles, create_session, session_detail, events,
-  socket_access, cancel, retry, compact, set_model (and health, live_state,
-  head for a socket that was let in already)
+  socket_access, cancel, retry, compact, set_model, rename, archive,
+  unarchive (and health, live_state, head for a socket that was let in
+  already)
 - inputs.py: inject, input_receipt, withdraw
 - schedules.py: list_schedules, create_schedule, cancel_schedule
 - approvals.py: decide
-- policies.py: set_policy
+- policies.py: set_policy, ask_again
 - effects.py: effects, resolve
 - budgets.py: budget, set_budget (budget_state)
-- forks.py: fork
-- operators.py: attention, suspend, resume, session_action (staff)
+- forks.py: fork, edit_and_resend, regenerate
+- operators.py: attention, suspend, resume, session_action (staff: retry,
+  abandon, revoke, restore)
 
 The needs are view, drive, approve, resolve and operate (access.py;
 sessions_app/permissions.py says who has each).
@@ -33,15 +42,16 @@ sessions_app/permissions.py says who has each).
 from __future__ import annotations
 
 from sessions_app.actions.access import Need, allowed, by, operator, parse_session_id, session_for
-from sessions_app.actions.approvals import decide
+from sessions_app.actions.approvals import Decision, decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
-from sessions_app.actions.effects import effects, resolve
-from sessions_app.actions.forks import fork, fork_json
+from sessions_app.actions.effects import Resolved, effects, resolve
+from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
-from sessions_app.actions.policies import set_policy
+from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
 from sessions_app.actions.sessions import (
+    archive,
     cancel,
     compact,
     create_session,
@@ -50,17 +60,23 @@ from sessions_app.actions.sessions import (
     health,
     list_profiles,
     live_state,
+    rename,
     retry,
     session_detail,
     set_model,
     socket_access,
+    unarchive,
     usable_profiles,
 )
 
 __all__ = [
     "SESSION_ACTIONS",
+    "Decision",
     "Need",
+    "Resolved",
     "allowed",
+    "archive",
+    "ask_again",
     "attention",
     "budget",
     "budget_state",
@@ -71,10 +87,10 @@ __all__ = [
     "create_schedule",
     "create_session",
     "decide",
+    "edit_and_resend",
     "effects",
     "events",
     "fork",
-    "fork_json",
     "head",
     "health",
     "inject",
@@ -84,6 +100,8 @@ __all__ = [
     "live_state",
     "operator",
     "parse_session_id",
+    "regenerate",
+    "rename",
     "resolve",
     "resume",
     "retry",
@@ -95,6 +113,7 @@ __all__ = [
     "set_policy",
     "socket_access",
     "suspend",
+    "unarchive",
     "usable_profiles",
     "withdraw",
 ]

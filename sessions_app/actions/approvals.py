@@ -1,11 +1,34 @@
-"""Approvals: a reviewer's verdict on a call that waits for one."""
+"""Approvals: a reviewer's verdict on a call that waits for one. The verb
+returns a `Decision`; `Decision.as_json` is its one JSON shape (the API's
+DecisionOut and the socket's ack)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from approvals_app import services as approval_services
 from sessions_app.actions.access import session_for
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The approval/resolved the verdict appended."""
+
+    call_id: str
+    verdict: str
+    seq: int
+    edited_args: dict[str, Any] | None
+    allowed_for_session: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "verdict": self.verdict,
+            "seq": self.seq,
+            "edited_args": self.edited_args,
+            "allowed_for_session": self.allowed_for_session,
+        }
 
 
 def decide(
@@ -18,7 +41,7 @@ def decide(
     *,
     edited_args: dict[str, Any] | None = None,
     allow_for_session: bool = False,
-) -> dict[str, Any]:
+) -> Decision:
     session = session_for(user, session_id, "approve")
     event = approval_services.decide(
         session.id,
@@ -30,10 +53,10 @@ def decide(
         edited_args=edited_args,
         allow_for_session=allow_for_session,
     )
-    return {
-        "call_id": event.data["call_id"],
-        "verdict": event.data["verdict"],
-        "seq": event.seq,
-        "edited_args": event.data.get("edited_args"),
-        "allowed_for_session": allow_for_session,
-    }
+    return Decision(
+        call_id=event.data["call_id"],
+        verdict=event.data["verdict"],
+        seq=event.seq,
+        edited_args=event.data.get("edited_args"),
+        allowed_for_session=allow_for_session,
+    )

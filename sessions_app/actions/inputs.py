@@ -1,5 +1,6 @@
 """Input: a message into a session (admitted in its lane), its receipt, and
-withdrawing one that no turn has consumed yet."""
+withdrawing one that no turn has consumed yet. Each verb returns the input's
+`Receipt` (services.inputs); `Receipt.as_json` is its one JSON shape."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from sessions_app import services
 from sessions_app.actions.access import by, session_for
 from sessions_app.services import inputs
+from sessions_app.services.inputs import Receipt
 
 
 def inject(
@@ -19,9 +21,9 @@ def inject(
     *,
     lane: Any = None,
     multitask_strategy: Any = None,
-) -> dict[str, Any]:
+) -> Receipt:
     session = session_for(user, session_id, "drive")
-    receipt = services.inject(
+    return services.inject(
         session.id,
         text,
         wake=wake,
@@ -30,14 +32,13 @@ def inject(
         lane=lane,
         multitask_strategy=multitask_strategy,
     )
-    return receipt.as_json()
 
 
-def input_receipt(user: Any, session_id: Any, seq: int) -> dict[str, Any]:
+def input_receipt(user: Any, session_id: Any, seq: int) -> Receipt:
     session = session_for(user, session_id, "view")
-    return inputs.receipt(session.id, seq).as_json()
+    return inputs.receipt(session.id, seq)
 
 
-def withdraw(user: Any, session_id: Any, seq: int) -> dict[str, Any]:
+def withdraw(user: Any, session_id: Any, seq: int) -> Receipt:
     session = session_for(user, session_id, "drive")
-    return inputs.withdraw(session.id, seq, by=by(user)).as_json()
+    return inputs.withdraw(session.id, seq, by=by(user))

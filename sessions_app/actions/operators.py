@@ -35,6 +35,7 @@ def resume(user: Any, scope: str, target: str, reason: str) -> dict[str, Any]:
 
 
 SESSION_ACTIONS = {
+    "retry": operators.retry,
     "abandon": operators.abandon,
     "revoke": operators.revoke,
     "restore": operators.restore,
@@ -42,7 +43,8 @@ SESSION_ACTIONS = {
 
 
 def session_action(user: Any, session_id: Any, action: str, reason: str) -> dict[str, Any]:
-    """abandon (a blocked turn, NotAbandonable 409 otherwise), revoke or restore."""
+    """retry or abandon (a blocked turn, NotBlocked / NotAbandonable 409
+    otherwise), revoke or restore."""
     session = session_for(user, session_id, "operate")
     SESSION_ACTIONS[action](session.id, by=by(user), reason=reason)
     fresh = Session.objects.filter(id=session.id).first()

@@ -12,3 +12,10 @@ def set_policy(user: Any, session_id: Any, patterns: list[str]) -> dict[str, Any
     session = session_for(user, session_id, "drive")
     event = policy_services.update_policy(session.id, patterns, user=user)
     return {"patterns": event.data["patterns"], "seq": event.seq}
+
+
+def ask_again(user: Any, session_id: Any, tool: Any) -> int:
+    """Undo a reviewer's "allow for this session" for `tool` (the owner,
+    staff or a reviewer: policies_app.services.ask_again says who): its seq."""
+    session = session_for(user, session_id, "view")
+    return policy_services.ask_again(session.id, tool, user=user).seq

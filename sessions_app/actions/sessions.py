@@ -17,6 +17,7 @@ from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
+from sessions_app.services import sessions as session_services
 
 
 def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
@@ -32,12 +33,12 @@ def list_profiles(user: Any) -> dict[str, Any]:
     return {"profiles": [{"name": r["name"], "description": r["description"]} for r in rows]}
 
 
-def create_session(user: Any, profile: str) -> dict[str, Any]:
+def create_session(user: Any, profile: str) -> Session:
+    """A new session of `user`'s from the profile named `profile`."""
     found = usable_profiles(user).filter(name=profile).first()
     if found is None:
         raise InvalidInput(f"unknown profile {profile[:64]!r}; GET /api/profiles lists yours")
-    session = services.create_session(user, found)
-    return {"id": str(session.id), "profile": found.name, "status": session.status}
+    return services.create_session(user, found)
 
 
 def _iso(info: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -148,3 +149,20 @@ def set_model(user: Any, session_id: Any, role: str, spec: str) -> dict[str, Any
     session = session_for(user, session_id, "drive")
     event = services.set_model(session.id, role, spec, by=by(user))
     return {"role": event.data["role"], "spec": event.data["spec"], "seq": event.seq}
+
+
+def rename(user: Any, session_id: Any, title: str) -> int:
+    """A new title by the user (session/titled; the latest wins): its seq."""
+    session = session_for(user, session_id, "drive")
+    return session_services.rename_session(session.id, title, by=by(user)).seq
+
+
+def archive(user: Any, session_id: Any) -> Session:
+    """Hide the session from the list and dispose of its agent."""
+    session = session_for(user, session_id, "drive")
+    return session_services.archive_session(session.id, by=by(user))
+
+
+def unarchive(user: Any, session_id: Any) -> Session:
+    session = session_for(user, session_id, "drive")
+    return session_services.unarchive_session(session.id, by=by(user))

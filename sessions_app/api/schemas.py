@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ninja import Schema
 from pydantic import Field
 
+from sessions_app.actions import Resolved
 from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re-exported for the API's views
     FRAMES,
     BudgetIn,
@@ -31,6 +32,10 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ScopeIn,
     Status,
 )
+from sessions_app.models import Schedule as ScheduleRow
+from sessions_app.models import Session as SessionRow
+from sessions_app.services import forks, schedules
+from sessions_app.services.effects import Effect
 
 # ---------------------------------------------------------------- outputs
 
@@ -209,6 +214,38 @@ class ScheduleOut(Schema):
     )
     created_by: str
     created_at: str
+
+
+def effects_out(rows: list[Effect]) -> dict[str, Any]:
+    """The ledger as EffectsOut; `pending` counts the attempts of unknown outcome."""
+    return {"effects": [e.as_json() for e in rows], "pending": sum(1 for e in rows if e.state == "unknown")}
+
+
+def resolved_out(resolved: Resolved) -> dict[str, Any]:
+    return {"resolved": resolved.effect.as_json(), "status": resolved.status}
+
+
+def created_out(session: SessionRow) -> dict[str, Any]:
+    """A new session as CreatedOut."""
+    return {
+        "id": str(session.id),
+        "profile": session.profile.name if session.profile else None,
+        "status": session.status,
+    }
+
+
+def fork_out(child: SessionRow) -> dict[str, Any]:
+    """A new fork as ForkOut (services.forks.as_json, the socket's shape too)."""
+    return forks.as_json(child)
+
+
+def schedule_out(made: ScheduleRow) -> dict[str, Any]:
+    """A schedule as ScheduleOut (services.schedules.as_json: one shape for every door)."""
+    return schedules.as_json(made)
+
+
+def schedules_out(rows: list[ScheduleRow]) -> dict[str, Any]:
+    return {"schedules": [schedule_out(s) for s in rows]}
 
 
 class SchedulesOut(Schema):

@@ -52,6 +52,12 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    created_out,
+    effects_out,
+    fork_out,
+    resolved_out,
+    schedule_out,
+    schedules_out,
 )
 from sessions_app.api.schemas import Status as SessionStatus
 from sessions_app.errors import (
@@ -182,7 +188,7 @@ def list_profiles(request: HttpRequest) -> Any:
 )
 def sessions_create(request: HttpRequest, payload: CreateSessionIn) -> Any:
     """Start a session from a profile (its agent is spawned by its first input)."""
-    return Status(201, actions.create_session(_user(request), payload.profile))
+    return Status(201, created_out(actions.create_session(_user(request), payload.profile)))
 
 
 @api.get("/sessions", response={200: SessionListOut, **_READ_ERRORS}, tags=["sessions"])
@@ -219,25 +225,23 @@ def post_input(
     """Send input. The receipt says whether it started a turn or was queued
     for the running one. Same Idempotency-Key and payload: the original
     receipt (replayed=true); same key, other payload: 409."""
-    return Status(
-        202,
-        actions.inject(
-            _user(request),
-            session_id,
-            payload.text,
-            payload.wake,
-            idempotency_key,
-            lane=payload.lane,
-            multitask_strategy=payload.multitask_strategy,
-        ),
+    receipt = actions.inject(
+        _user(request),
+        session_id,
+        payload.text,
+        payload.wake,
+        idempotency_key,
+        lane=payload.lane,
+        multitask_strategy=payload.multitask_strategy,
     )
+    return Status(202, receipt.as_json())
 
 
 @api.get("/sessions/{session_id}/inputs/{seq}", response={200: ReceiptOut, **_READ_ERRORS}, tags=["sessions"])
 def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """An input's receipt with its current disposition: queued, held, placed
     (placed_seq), answered (answered_seq: the turn/end) or withdrawn."""
-    return actions.input_receipt(_user(request), session_id, seq)
+    return actions.input_receipt(_user(request), session_id, seq).as_json()
 
 
 @api.post(
@@ -246,13 +250,13 @@ def get_input(request: HttpRequest, session_id: str, seq: int) -> Any:
 def withdraw_input(request: HttpRequest, session_id: str, seq: int) -> Any:
     """Take back input no turn has taken in yet (an input/withdrawn event).
     Input already placed in the transcript: 409 input_consumed."""
-    return actions.withdraw(_user(request), session_id, seq)
+    return actions.withdraw(_user(request), session_id, seq).as_json()
 
 
 @api.get("/sessions/{session_id}/schedules", response={200: SchedulesOut, **_READ_ERRORS}, tags=["schedules"])
 def list_schedules(request: HttpRequest, session_id: str) -> Any:
     """The session's schedules, newest first: status, runs, next_due_at, last_outcome."""
-    return actions.list_schedules(_user(request), session_id)
+    return schedules_out(actions.list_schedules(_user(request), session_id))
 
 
 @api.post(
@@ -267,7 +271,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
     (422 schedule_limit). The same idempotency_key and request answers the
     schedule made before (200); a new one is 201."""
     made, new = actions.create_schedule(_user(request), session_id, payload.model_dump(exclude_none=True))
-    return Status(201 if new else 200, made)
+    return Status(201 if new else 200, schedule_out(made))
 
 
 @api.delete(
@@ -275,7 +279,7 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
 )
 def cancel_schedule(request: HttpRequest, session_id: str, schedule_id: str) -> Any:
     """Cancel a pending or paused schedule (a schedule/cancelled event)."""
-    return actions.cancel_schedule(_user(request), session_id, schedule_id)
+    return schedule_out(actions.cancel_schedule(_user(request), session_id, schedule_id))
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])
@@ -296,7 +300,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
     """Approve or deny a call parked in the open turn (reviewers). An approval
     may carry `edited_args` (run instead of the model's arguments) and
     `allow_for_session` (the tool stops asking for the rest of the session)."""
-    return actions.decide(
+    decided = actions.decide(
         _user(request),
         session_id,
         call_id,
@@ -306,6 +310,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
         edited_args=payload.edited_args,
         allow_for_session=payload.allow_for_session,
     )
+    return decided.as_json()
 
 
 @api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -332,7 +337,7 @@ def retry(request: HttpRequest, session_id: str) -> Any:
 def list_effects(request: HttpRequest, session_id: str) -> Any:
     """The effect ledger: every attempt of a tool call that is not inline, oldest
     first, with its state; `pending` counts those of unknown outcome."""
-    return actions.effects(_user(request), session_id)
+    return effects_out(actions.effects(_user(request), session_id))
 
 
 @api.post(
@@ -345,7 +350,9 @@ def resolve_effect(request: HttpRequest, session_id: str, call_id: str, payload:
     with TERRET_OWNER_MAY_RESOLVE on): run it again, or record it done or
     failed. 404 unknown_effect: no attempt of that call; 409
     effect_not_pending: none of unknown outcome, or a rerun of an ended turn."""
-    return actions.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+    return resolved_out(
+        actions.resolve(_user(request), session_id, call_id, payload.action, payload.result, payload.reason)
+    )
 
 
 @api.get("/sessions/{session_id}/budget", response={200: BudgetOut, **_READ_ERRORS}, tags=["budgets"])
@@ -382,7 +389,7 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
     may read a session may fork it). 422 invalid_fork_point: at_seq is no fork
     point (inside a step, past the head, inside a fork's seed); `before` and
     `after` name the nearest ones."""
-    return Status(201, actions.fork(_user(request), session_id, payload.at_seq, payload.policy))
+    return Status(201, fork_out(actions.fork(_user(request), session_id, payload.at_seq, payload.policy)))
 
 
 # ---------------------------------------------------------------- operators (staff only)

@@ -428,7 +428,7 @@ def create_thread(user: Any, body: dict[str, Any]) -> dict[str, Any]:
             raise UnknownAssistant("there is no profile to start a thread with")
         return thread(sessions.create_unbound_session(user))
     created = actions.create_session(user, profile_for(user, ref).name)
-    return thread(actions.session_for(user, created["id"], "view"))
+    return thread(actions.session_for(user, created.id, "view"))
 
 
 def _existing_thread(user: Any, body: dict[str, Any]) -> Session:
@@ -709,12 +709,12 @@ def _inject(user: Any, session: Session, text: str, strategy: str) -> Started:
     is open (decided under the row lock, nothing appended), enqueue makes it
     a follow-up, interrupt cancels the running turn and opens the next."""
     receipt = actions.inject(user, session.id, text, True, None, multitask_strategy=strategy)
-    if receipt["disposition"] == "held":
-        raise InputHeld(f"the input was kept but is held: {receipt.get('held_reason')}; it runs when allowed")
-    if receipt["disposition"] == "started":
-        return Started(session.id, mapping.run_id(session.id, receipt["turn_seq"]), receipt["turn_seq"])
+    if receipt.disposition == "held":
+        raise InputHeld(f"the input was kept but is held: {receipt.held_reason}; it runs when allowed")
+    if receipt.disposition == "started" and receipt.turn_seq is not None:
+        return Started(session.id, mapping.run_id(session.id, receipt.turn_seq), receipt.turn_seq)
     # Queued for the next turn: that run is named by the input (mapping.py).
-    return Started(session.id, mapping.run_id(session.id, receipt["seq"]), receipt["seq"])
+    return Started(session.id, mapping.run_id(session.id, receipt.seq), receipt.seq)
 
 
 def _decisions(command: Any, interrupt_key: str) -> list[Any]:

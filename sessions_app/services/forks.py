@@ -465,6 +465,22 @@ def fork(session_id: Any, at_seq: int, policy: str, *, user: Any) -> Session:
     return Session.objects.select_related("profile").get(id=child_id)
 
 
+def as_json(child: Session) -> dict[str, Any]:
+    """A fork as the API and the socket answer it: the new session, and
+    where it came from (its session/forked)."""
+    origin = forked_from(child.id) or {}
+    return {
+        "id": str(child.id),
+        "profile": child.profile.name if child.profile else None,
+        "status": child.status,
+        "parent": origin.get("parent"),
+        "at_seq": origin.get("at_seq"),
+        "requested_seq": origin.get("requested_seq"),
+        "policy": origin.get("policy"),
+        "last_seq": child.last_seq,
+    }
+
+
 def forked_from(session_id: uuid.UUID) -> dict[str, Any] | None:
     """The session/forked payload of a fork (None: no fork)."""
     first = Event.objects.filter(session_id=session_id, seq=1).values_list("kind", "data").first()

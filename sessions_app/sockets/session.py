@@ -48,6 +48,7 @@ from sessions_app.errors import (
     error_body,
 )
 from sessions_app.live.follow import AccessLost, Close, Follower, in_thread
+from sessions_app.services import forks, schedules
 
 logger = logging.getLogger(__name__)
 
@@ -188,15 +189,15 @@ class SessionConsumer(Follower):
                         frame.idempotency_key,
                         lane=frame.lane,
                         multitask_strategy=frame.multitask_strategy,
-                    )
+                    ).as_json()
                 }
             case "withdraw":
-                return {"receipt": actions.withdraw(user, sid, frame.seq)}
+                return {"receipt": actions.withdraw(user, sid, frame.seq).as_json()}
             case "schedule":
                 made, _ = actions.create_schedule(user, sid, frame.schedule.model_dump(exclude_none=True))
-                return {"schedule": made}
+                return {"schedule": schedules.as_json(made)}
             case "cancel_schedule":
-                return {"schedule": actions.cancel_schedule(user, sid, frame.schedule_id)}
+                return {"schedule": schedules.as_json(actions.cancel_schedule(user, sid, frame.schedule_id))}
             case "approve" | "deny":
                 return actions.decide(
                     user,
@@ -207,7 +208,7 @@ class SessionConsumer(Follower):
                     frame.request_seq,
                     edited_args=frame.edited_args,
                     allow_for_session=frame.allow_for_session,
-                )
+                ).as_json()
             case "cancel":
                 return actions.cancel(user, sid)
             case "retry":
@@ -221,7 +222,7 @@ class SessionConsumer(Follower):
             case "budget":
                 return {"budget": actions.set_budget(user, sid, frame.limit.model_dump())}
             case "fork":
-                return {"session": actions.fork(user, sid, frame.at_seq, frame.policy)}
+                return {"session": forks.as_json(actions.fork(user, sid, frame.at_seq, frame.policy))}
             case "ping":
                 actions.session_for(user, sid, "view")
                 return {}

@@ -10,7 +10,6 @@ message; the page itself only reads (operators.attention, OperatorAction).
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django import forms
 from django.contrib import messages
@@ -20,8 +19,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions_app import actions
 from sessions_app.actions import session_for
-from sessions_app.errors import TerretError
+from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import AgentProfile, OperatorAction
 from sessions_app.permissions import is_operator
 from sessions_app.services import operators
@@ -85,7 +85,7 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 def _scope_action(request: HttpRequest, action: str) -> HttpResponse:
-    by = _operator(request)
+    _operator(request)
     form = ScopeForm(request.POST)
     if not form.is_valid():
         messages.error(request, f"Nothing done: {_form_errors(form)}")
@@ -94,10 +94,10 @@ def _scope_action(request: HttpRequest, action: str) -> HttpResponse:
     what = data["scope"] if data["scope"] == "global" else f"{data['scope']} {data['target']}"
     try:
         if action == "suspend":
-            operators.suspend(data["scope"], data["target"], by=by, reason=data["reason"])
+            actions.suspend(request.user, data["scope"], data["target"], data["reason"])
             messages.success(request, f"Suspended admission: {what}.")
         else:
-            woken = operators.resume(data["scope"], data["target"], by=by, reason=data["reason"])
+            woken = actions.resume(request.user, data["scope"], data["target"], data["reason"])["woken"]
             messages.success(request, f"Resumed admission: {what} ({woken} session(s) woken).")
     except TerretError as exc:
         messages.error(request, f"Nothing done: {exc}")
@@ -116,30 +116,32 @@ def resume(request: HttpRequest) -> HttpResponse:
     return _scope_action(request, "resume")
 
 
-SESSION_ACTIONS: dict[str, tuple[Any, str]] = {
-    "retry": (operators.retry, "Retrying the turn of"),
-    "abandon": (operators.abandon, "Abandoned the blocked turn of"),
-    "revoke": (operators.revoke, "Revoked"),
-    "restore": (operators.restore, "Restored"),
+# What each session action (actions.SESSION_ACTIONS) did, as the flash says it.
+SESSION_ACTIONS: dict[str, str] = {
+    "retry": "Retrying the turn of",
+    "abandon": "Abandoned the blocked turn of",
+    "revoke": "Revoked",
+    "restore": "Restored",
 }
 
 
 @login_required
 @require_POST
 def session_action(request: HttpRequest, session_id: uuid.UUID, action: str) -> HttpResponse:
-    session_for(request.user, session_id, "operate")  # a foreign or missing id: 404, as on every door
-    by = _operator(request)
+    # The one rule before the form is judged (a foreign or missing id: 404, as on every door).
+    session_for(request.user, session_id, "operate")
     if action not in SESSION_ACTIONS:
         raise Http404("no such action")
     form = ReasonForm(request.POST)
     if not form.is_valid():
         messages.error(request, f"Nothing done: {_form_errors(form)}")
         return redirect("sessions:console")
-    run, done = SESSION_ACTIONS[action]
     try:
-        run(session_id, by=by, reason=form.cleaned_data["reason"])
+        actions.session_action(request.user, session_id, action, form.cleaned_data["reason"])
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
         messages.error(request, f"Nothing done: {exc}")
     else:
-        messages.success(request, f"{done} session {session_id}.")
+        messages.success(request, f"{SESSION_ACTIONS[action]} session {session_id}.")
     return redirect("sessions:console")

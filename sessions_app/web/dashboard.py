@@ -23,7 +23,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import F
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -31,12 +31,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from sessions_app import permissions
-from sessions_app.actions import session_for
-from sessions_app.errors import TerretError
+from sessions_app.actions.words import compact_outcome, status_label
 from sessions_app.live.paths import socket_url
-from sessions_app.log import SessionNotFound
 from sessions_app.models import Agent, Session
-from sessions_app.services import compaction
 from sessions_app.services.budgets import BudgetView, daily_budgets, session_budget
 from sessions_app.services.usage import (
     Totals,
@@ -47,7 +44,6 @@ from sessions_app.services.usage import (
 )
 from sessions_app.web.charts import cost_chart
 from sessions_app.web.listing import LIST_PAGE_PREFIX, list_fragment
-from sessions_app.web.present import status_label
 
 PAGE_SIZE = 50
 CHART_DAYS = 30
@@ -138,30 +134,16 @@ def dashboard_fragment(user: Any, page_number: Any) -> str:
 # ---------------------------------------------------------------- compact
 
 
-def compact_outcome(session_id: uuid.UUID) -> tuple[bool, str]:
-    """(compacted?, a sentence for the user)."""
-    try:
-        outcome = compaction.attempt(session_id, manual=True)
-    except SessionNotFound as exc:
-        raise Http404("no such session") from exc
-    except TerretError as exc:  # the compactor role is unconfigured or its model failed
-        return False, f"Compaction failed: {exc}"
-    if isinstance(outcome, compaction.CompactionResult):
-        return True, f"Compacted: events up to #{outcome.upto_seq} are now summarized for the model."
-    return False, f"Compaction declined: {outcome.reason}."
-
-
 @login_required
 @require_POST
 def compact(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """POST /sessions/<id>/compact/ (can_drive). htmx gets a status fragment;
     a plain form post gets a flash message and a redirect back."""
-    session = session_for(request.user, session_id, "drive")
-    ok, text = compact_outcome(session.id)
+    ok, text = compact_outcome(request.user, session_id)
     if getattr(request, "htmx", False):
         return render(request, "dashboard/compact_result.html", {"ok": ok, "text": text})
     (messages.success if ok else messages.error)(request, text)
     back = request.POST.get("next") or request.META.get("HTTP_REFERER") or ""
     if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
-        back = reverse("sessions:chat", args=[session.id])
+        back = reverse("sessions:chat", args=[session_id])
     return HttpResponseRedirect(back)

@@ -23,6 +23,7 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import TerretError, UnknownSession
 from sessions_app.models import Session
@@ -97,7 +98,7 @@ def fork_edit(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         request,
         session,
         _seq(request),
-        lambda seq: forks.edit_and_resend(session.id, seq, text, user=request.user)[0],
+        lambda seq: actions.edit_and_resend(request.user, session.id, seq, text),
     )
 
 
@@ -106,7 +107,7 @@ def fork_edit(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 def fork_regenerate(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Regenerate: fork at the turn of the assistant message at `seq` and ask again."""
     session = session_for(request.user, session_id, "view")
-    return _made(request, session, _seq(request), lambda seq: forks.regenerate(session.id, seq, user=request.user))
+    return _made(request, session, _seq(request), lambda seq: actions.regenerate(request.user, session.id, seq))
 
 
 urlpatterns = [

@@ -11,10 +11,10 @@ from django.db.models import F
 from django.template.loader import render_to_string
 
 from sessions_app import permissions
+from sessions_app.actions.words import status_label
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
 from sessions_app.services.usage import format_cost
-from sessions_app.web.present import status_label
 
 LIST_PAGE_SIZE = 50
 MAX_QUERY_CHARS = 80

@@ -23,6 +23,7 @@ from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import permissions
+from sessions_app.actions.words import status_label
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_resolve
@@ -58,15 +59,6 @@ CALL_KINDS = frozenset({"approval/requested", "approval/resolved", "tool/attempt
 CARD_QUIET = frozenset({"approval/requested", "approval/resolved", "tool/result"})
 # Kinds whose text is shown as Markdown.
 MARKDOWN_KINDS = frozenset({"user/message", "context/injected", "input/queued", "input/deferred", "assistant/message"})
-STATUS_LABELS = {
-    "idle": "idle",
-    "running": "running",
-    "waiting_approval": "waiting for approval",
-    "waiting_reconcile": "waiting for an operator",
-    "suspended": "suspended by an operator",
-    "revoked": "revoked",
-    "blocked": "blocked",
-}
 # What a batch of events must contain for the page's approvals to change.
 APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/start", "turn/end"})
 # ... and for its notice of effects of unknown outcome.
@@ -75,10 +67,6 @@ EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/e
 BUDGET_MOVES = frozenset({"budget/updated", "usage/recorded", "step/end", "turn/start", "turn/end", "input/held"})
 # How much of a pending effect's arguments the notice shows.
 EFFECT_ARGS_CHARS = 200
-
-
-def status_label(status: str) -> str:
-    return STATUS_LABELS.get(status, status)
 
 
 def pretty(raw: Any) -> str:

@@ -18,8 +18,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from sessions_app import actions
 from sessions_app.actions import session_for
-from sessions_app.errors import TerretError
+from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Schedule, Session
 from sessions_app.permissions import can_drive
 from sessions_app.services import schedules
@@ -86,7 +87,9 @@ def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         problems = " ".join(f"{name}: {' '.join(str(e) for e in errs)}" for name, errs in form.errors.items())
         return _answer(request, session, error=f"Nothing scheduled: {problems}", form=form)
     try:
-        made, _ = schedules.create(session.id, form.body(), by=str(request.user.get_username()))
+        made, _ = actions.create_schedule(request.user, session.id, form.body())
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
         return _answer(request, session, error=f"Nothing scheduled: {exc}", code=exc.code, form=form)
     when = made.due_at.strftime("%Y-%m-%d %H:%M:%S UTC") if made.due_at else "never"
@@ -98,7 +101,9 @@ def create(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 def cancel(request: HttpRequest, session_id: uuid.UUID, schedule_id: uuid.UUID) -> HttpResponse:
     session = session_for(request.user, session_id, "drive")
     try:
-        schedules.cancel(session.id, schedule_id, by=str(request.user.get_username()))
+        actions.cancel_schedule(request.user, session.id, str(schedule_id))
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
         return _answer(request, session, error=f"Not cancelled: {exc}", code=exc.code)
     return _answer(request, session, notice="Schedule cancelled.")

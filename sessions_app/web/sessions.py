@@ -1,8 +1,11 @@
 """Web pages: login-protected session list, new session, and the chat page.
 
-Views stay thin: reads are bounded queries (a page of events at a time), writes
-go through `services`, and every view asks the one access rule first
-(`actions.session_for`; web/errors.py turns its refusals into pages). Another
+Views stay thin: reads are bounded queries (a page of events at a time), and
+every write is the same verb the other doors call (`actions.<verb>(user,
+session_id, ...)`), which asks the one access rule (`actions.session_for`)
+before it writes; web/errors.py turns its refusals into pages. A view that
+judges a form first asks the rule itself before the form, so a refusal
+answers the same whatever was posted. Another
 user's session is a 404, not a 403, so ids do not leak.
 
 The chat page is fully server-rendered (it works without JavaScript); htmx's
@@ -27,15 +30,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 
 from approvals_app.selectors import pending as pending_calls
-from sessions_app import actions, permissions, services
+from sessions_app import actions, permissions
 from sessions_app.actions import session_for
-from sessions_app.errors import NotBlocked, TerretError
+from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Event, Session
 from sessions_app.services import MAX_INPUT_CHARS
-from sessions_app.services import budgets as budget_services
-from sessions_app.services import effects as effect_services
-from sessions_app.services import sessions as session_services
 from sessions_app.web.context import context_view
 from sessions_app.web.forms import BudgetForm, MessageForm, NewSessionForm, ResolveForm
 from sessions_app.web.listing import list_context
@@ -153,11 +153,11 @@ def session_new(request: HttpRequest) -> HttpResponse:
     form = NewSessionForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
-            session = services.create_session(owner=request.user, profile=form.cleaned_data["profile"])
+            made = actions.create_session(request.user, form.cleaned_data["profile"].name)
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
-            return redirect("sessions:chat", session_id=session.id)
+            return redirect("sessions:chat", session_id=made.id)
     status = 400 if request.method == "POST" else 200
     return render(request, "sessions/new.html", {"form": form}, status=status)
 
@@ -202,14 +202,16 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
     notice = ""
     if form.is_valid():
         try:
-            receipt = services.inject(
+            receipt = actions.inject(
+                request.user,
                 session.id,
                 form.cleaned_data["text"],
                 wake=True,
-                by=request.user.get_username(),
                 idempotency_key=form.cleaned_data["key"] or None,
                 lane=form.cleaned_data["lane"] or None,
             )
+        except (UnknownSession, NotAllowed):
+            raise
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
@@ -293,14 +295,9 @@ def session_resolve(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
     else:
         data = form.cleaned_data
         try:
-            effect_services.resolve(
-                session.id,
-                data["call_id"],
-                data["action"],
-                result=data["result"],
-                reason=data["reason"],
-                by=request.user.get_username(),
-            )
+            actions.resolve(request.user, session.id, data["call_id"], data["action"], data["result"], data["reason"])
+        except (UnknownSession, NotAllowed):
+            raise
         except TerretError as exc:
             error, code = str(exc), exc.code
         else:
@@ -329,7 +326,9 @@ def session_budget(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
         error, code = " ".join(str(e) for errors in form.errors.values() for e in errors), "invalid_input"
     else:
         try:
-            budget_services.set_budget(session.id, form.limits(), by=request.user.get_username())
+            actions.set_budget(request.user, session.id, form.limits())
+        except (UnknownSession, NotAllowed):
+            raise
         except TerretError as exc:
             error, code = str(exc), exc.code
         else:
@@ -373,7 +372,9 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     title = request.POST.get("title", "")
     notice = error = code = ""
     try:
-        session_services.rename_session(session.id, title, by=request.user.get_username())
+        actions.rename(request.user, session.id, title)
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
         error, code = str(exc), exc.code
     else:
@@ -401,12 +402,13 @@ def session_rename(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 @require_POST
 def session_archive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Archive: hidden from the list, its agent disposed. Back to the list."""
-    session = session_for(request.user, session_id, "drive")
     try:
-        session_services.archive_session(session.id, by=request.user.get_username())
+        session = actions.archive(request.user, session_id)
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
         messages.error(request, f"Not archived: {exc}")
-        return redirect("sessions:chat", session_id=session.id)
+        return redirect("sessions:chat", session_id=session_id)
     messages.info(request, f"Archived “{session.title or 'Untitled session'}”. It is listed under Archived.")
     return redirect("sessions:list")
 
@@ -414,8 +416,7 @@ def session_archive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 @login_required
 @require_POST
 def session_unarchive(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    session = session_for(request.user, session_id, "drive")
-    session_services.unarchive_session(session.id, by=request.user.get_username())
+    session = actions.unarchive(request.user, session_id)
     messages.info(request, "Unarchived: the session is back in the list.")
     return redirect("sessions:chat", session_id=session.id)
 
@@ -447,13 +448,14 @@ def _context_page(request: HttpRequest, session: Session, **extra: Any) -> dict[
 @require_POST
 def session_model(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """The model picker: repoint the main role (model/updated), from the next step."""
-    session = session_for(request.user, session_id, "drive")
     spec = request.POST.get("spec", "")
     try:
-        services.set_model(session.id, "main", spec, by=request.user.get_username())
+        actions.set_model(request.user, session_id, "main", spec)
+    except (UnknownSession, NotAllowed):
+        raise
     except TerretError as exc:
-        fresh = Session.objects.get(id=session.id)
+        fresh = session_for(request.user, session_id, "drive")
         context = _context_page(request, fresh, model_error=str(exc), model_value=spec)
         return render(request, "sessions/context.html", context, status=400)
     messages.info(request, f"Model set: the next step uses {spec.strip()}.")
-    return redirect("sessions:context", session_id=session.id)
+    return redirect("sessions:context", session_id=session_id)

@@ -14,9 +14,10 @@ from django.test import Client
 from django.urls import reverse
 
 from sessions_app import log
+from sessions_app.actions.words import STATUS_LABELS
 from sessions_app.log.reads import event_frames
 from sessions_app.models import Session
-from sessions_app.web.present import META_KINDS, STATUS_LABELS, ChatFollower
+from sessions_app.web.present import META_KINDS, ChatFollower
 from tests.helpers import client_for, kinds
 from tests.sessions_app.apiutil import block_turn, make_reviewer
 

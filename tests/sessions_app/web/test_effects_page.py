@@ -15,10 +15,11 @@ from django.test import Client
 from django.urls import reverse
 
 from sessions_app import log, services
+from sessions_app.actions.words import STATUS_LABELS
 from sessions_app.log.reads import event_frames
 from sessions_app.models import Session
 from sessions_app.services import effects as effect_services
-from sessions_app.web.present import STATUS_LABELS, ChatFollower, shorten
+from sessions_app.web.present import ChatFollower, shorten
 from tests.helpers import client_for, events, kinds
 from tests.sessions_app.apiutil import make_reviewer
 
