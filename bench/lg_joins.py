@@ -74,10 +74,10 @@ def build(events: int) -> tuple[str, uuid.UUID, str, list[tuple[uuid.UUID, str]]
     from django.contrib.auth import get_user_model
 
     from sessions_app import log
-    from sessions_app.services.tokens import issue_token
     from sessions_app.lg import mapping
     from sessions_app.models import AgentProfile
     from sessions_app.services import sessions
+    from sessions_app.services.tokens import issue_token
 
     profile = AgentProfile.objects.create(name="bench", roles={"main": "test/model"})
     users = get_user_model().objects

@@ -691,7 +691,7 @@ def _answer_interrupt(user: Any, session: Session, tv: ThreadView, said: Said) -
     actions.session_for(user, session.id, "drive")
     if not actions.allowed(user, session, "approve"):
         receipt = actions.inject(user, session.id, said.text, True, None, lane="steer")
-        return Started(session.id, mapping.run_id(session.id, receipt["seq"]), receipt["seq"])
+        return Started(session.id, mapping.run_id(session.id, receipt.seq), receipt.seq)
     waiting = sorted(tv.tracker.waiting.values(), key=lambda r: r.seq)
     actions.inject(user, session.id, said.text, True, None, lane="steer")
     last = None
