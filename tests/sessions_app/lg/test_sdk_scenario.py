@@ -154,7 +154,14 @@ async def scenario(client: Any, servers: list[DaphneProcess], fake_llm: Any, wor
     assert {"values", "messages", "updates", "custom", "end"} <= modes_seen
 
     # messages-tuple: the AI message with its tool call, and metadata
-    ai = [p.data for p in parts if p.event == "messages" and p.id is not None and p.data[0]["type"] == "ai"]
+    # A committed AI frame is the whole message ("ai"), or, to a connection that
+    # already streamed its deltas, the chunk completing them ("AIMessageChunk"):
+    # which one depends on when the restart cut the stream.
+    ai = [
+        p.data
+        for p in parts
+        if p.event == "messages" and p.id is not None and p.data[0]["type"] in ("ai", "AIMessageChunk")
+    ]
     assert ai[-1][0]["tool_calls"][0]["name"] == "workspace.write"
     assert ai[-1][1]["langgraph_node"] == "agent"
 
