@@ -152,8 +152,9 @@ def session_list(request: HttpRequest) -> HttpResponse:
 def session_new(request: HttpRequest) -> HttpResponse:
     form = NewSessionForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
+        user = request.user  # the verb takes the user, as on every door
         try:
-            made = actions.create_session(request.user, form.cleaned_data["profile"].name)
+            made = actions.create_session(user, form.cleaned_data["profile"].name)
         except TerretError as exc:
             form.add_error(None, str(exc))
         else:
