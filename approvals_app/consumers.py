@@ -30,10 +30,10 @@ from django.template.loader import render_to_string
 
 from approvals_app.listeners import GROUP
 from approvals_app.selectors import pending_count, queue_for
+from sessions_app import actions
 from sessions_app.errors import NotAllowed, TerretError, Unauthenticated
 from sessions_app.live.auth import live_user
 from sessions_app.log import hints
-from sessions_app.permissions import is_reviewer
 
 COALESCE_SECONDS = 0.25
 REFRESH_SECONDS = 60.0
@@ -47,13 +47,13 @@ def queue_fragment(user: Any) -> str:
 def still_allowed(user_id: Any, token_id: int | None, session_key: str | None) -> bool:
     """Is the socket's user still an active reviewer on a live credential?"""
     user = live_user(user_id, token_id, session_key)
-    return user is not None and is_reviewer(user)
+    return user is not None and actions.reviews(user)
 
 
 def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
     """The queue fragment, or None when the user may no longer follow it."""
     user = live_user(user_id, token_id, session_key)
-    if user is None or not is_reviewer(user):
+    if user is None or not actions.reviews(user):
         return None
     return queue_fragment(user)
 
@@ -61,7 +61,7 @@ def queue_for_user(user_id: Any, token_id: int | None, session_key: str | None) 
 def count_for_user(user_id: Any, token_id: int | None, session_key: str | None) -> str | None:
     """The count frame, or None when the user may no longer follow the queue."""
     user = live_user(user_id, token_id, session_key)
-    if user is None or not is_reviewer(user):
+    if user is None or not actions.reviews(user):
         return None
     return json.dumps({"type": "pending", "count": pending_count(user)})
 

@@ -1,6 +1,6 @@
 """Approval pages: the reviewer's queue, the session page's inline partial,
-and the verdict form both post to. Thin: permissions from
-sessions_app.permissions, decisions through approvals_app.services.
+and the verdict form both post to. Thin: who may do what is the floor's
+(sessions_app.actions: session_for, reviewer), decisions its `decide` verb.
 
 Responses: permission failures are 403 (404 when the user may not even see
 the session) for every kind of request. A verdict that cannot land for a
@@ -31,15 +31,13 @@ from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Session
-from sessions_app.permissions import is_reviewer
 
 QUEUE_TEMPLATE = "approvals/queue.html"
 INLINE_TEMPLATE = "approvals/inline.html"
 
 
 def _reviewer(request: HttpRequest) -> None:
-    if not is_reviewer(request.user):
-        raise PermissionDenied("deciding approvals needs the approve permission")
+    actions.reviewer(request.user)  # the one rule: NotAllowed, the 403 page
 
 
 def _queue_context(request: HttpRequest, *, notice: str = "", error: str = "") -> dict[str, object]:

@@ -1,7 +1,7 @@
 """The per-session policy editor at /sessions/<id>/policy/.
 
 Anyone who may view the session sees its patterns and their history; only
-its owner and staff may change them (sessions_app.permissions.can_drive).
+its owner and staff may change them (the floor's rule: actions.session_for with "drive").
 It also lists the tools a reviewer allowed to run without asking for the
 rest of the session, each with "Ask again" (owner, staff, reviewers).
 """
@@ -24,7 +24,6 @@ from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import InvalidPattern, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
-from sessions_app.permissions import can_approve, can_drive
 
 TEMPLATE = "policies/editor.html"
 MAX_EDITOR_CHARS = 50_000
@@ -96,9 +95,10 @@ def _render(
         "floor": list(session.profile.allow_floor) if session.profile else [],
         "text": "\n".join(policy.patterns) if text is None else text,
         "history": history(session.id),
-        "can_edit": can_drive(request.user, session),
+        "can_edit": actions.allowed(request.user, session, "drive"),
         "waived": waived_tools(session.id, policy.seq) if policy.source == "session" else [],
-        "can_unwaive": can_drive(request.user, session) or can_approve(request.user, session),
+        "can_unwaive": actions.allowed(request.user, session, "drive")
+        or actions.allowed(request.user, session, "approve"),
         "error": error,
         "notice": notice,
         "max_patterns": MAX_PATTERNS,

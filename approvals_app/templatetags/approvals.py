@@ -10,8 +10,8 @@ from django import template
 from django.db import DatabaseError
 
 from approvals_app.selectors import PendingCall, QueueItem, inline_for, pending_count, with_times
+from sessions_app import actions
 from sessions_app.live.paths import socket_url
-from sessions_app.permissions import can_approve, is_reviewer
 
 register = template.Library()
 
@@ -30,7 +30,7 @@ def can_decide(context: template.Context, session: Any) -> bool:
     """For the request's user, or for `user` when a socket renders the fragment."""
     request = context.get("request")
     user = request.user if request is not None else context.get("user")
-    return bool(user is not None and can_approve(user, session))
+    return bool(user is not None and actions.allowed(user, session, "approve"))
 
 
 @register.filter
@@ -46,7 +46,7 @@ def approvals_nav(context: template.Context) -> dict[str, Any]:
     the count in the tab's title."""
     request = context.get("request")
     user = request.user if request is not None else context.get("user")
-    if user is None or not is_reviewer(user):
+    if user is None or not actions.reviews(user):
         return {"show": False}
     try:
         count: int | None = pending_count(user)

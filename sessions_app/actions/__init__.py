@@ -15,9 +15,12 @@ templates); no door decides who may do what, and no door imports another.
 Verbs return domain values, which each door shapes: a Session
 (create_session, fork, edit_and_resend, regenerate, archive, unarchive), a
 Receipt (inject, input_receipt, withdraw), Schedule rows, the ledger's
-Effects and `Resolved`, a `Decision`. Not converted yet (they still return
-JSON-ready dicts): session_detail, events, cancel, retry, compact,
-set_model, set_policy, budget, set_budget, the operators' verbs.
+Effects and `Resolved`, a `Decision`, AgentProfile rows (list_profiles), a
+SessionDetail, an EventsPage, `Cancelled`, `StatusAfter` (retry, the
+operators' session actions), a `Compaction`, a `ModelRole`, a `Policy`, a
+`Budget`, `Attention` and `ScopeChange`. Each value's `as_json()` is its
+one JSON shape, shared by the API (whose schemas.py declares it) and the
+socket's acks, as the protocol is one for both.
 
 Verbs, by noun (`verb(user, session_id, ...)`):
 
@@ -41,7 +44,18 @@ sessions_app/permissions.py says who has each).
 
 from __future__ import annotations
 
-from sessions_app.actions.access import Need, allowed, by, operator, parse_session_id, session_for
+from sessions_app.actions.access import (
+    Need,
+    allowed,
+    by,
+    operator,
+    parse_session_id,
+    reviewer,
+    reviews,
+    sees_all,
+    session_for,
+    visible,
+)
 from sessions_app.actions.approvals import Decision, decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
 from sessions_app.actions.effects import Resolved, effects, resolve
@@ -105,6 +119,9 @@ __all__ = [
     "resolve",
     "resume",
     "retry",
+    "reviewer",
+    "reviews",
+    "sees_all",
     "session_action",
     "session_detail",
     "session_for",
@@ -115,5 +132,6 @@ __all__ = [
     "suspend",
     "unarchive",
     "usable_profiles",
+    "visible",
     "withdraw",
 ]

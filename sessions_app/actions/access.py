@@ -10,13 +10,17 @@ the same question:
 
 `need` is one of view, drive, approve, resolve, operate (sessions_app.
 permissions says who may each). Operators' actions on no session (the
-console's attention list, suspending a profile) ask `operator(user)`.
+console's attention list, suspending a profile) ask `operator(user)`, the
+reviewers' queue `reviewer(user)`, and a list of sessions is cut by
+`visible(user, queryset)`: the same rule, in the form each needs.
 """
 
 from __future__ import annotations
 
 import uuid
 from typing import Any, Literal
+
+from django.db.models import QuerySet
 
 from sessions_app.errors import NotAllowed, UnknownSession
 from sessions_app.models import Session
@@ -26,7 +30,9 @@ from sessions_app.permissions import (
     can_resolve,
     can_view,
     is_operator,
+    is_reviewer,
     owner_may_resolve,
+    visible_sessions,
 )
 
 Need = Literal["view", "drive", "approve", "resolve", "operate"]
@@ -75,6 +81,29 @@ def operator(user: Any) -> None:
     """Operators' actions that name no session (attention, suspend, resume)."""
     if not is_operator(user):
         raise NotAllowed(_REFUSALS["operate"])
+
+
+def reviews(user: Any) -> bool:
+    """Whether `user` may decide approvals (the reviewers' queue and its count)."""
+    return is_reviewer(user)
+
+
+def reviewer(user: Any) -> None:
+    """The reviewers' queue (every session's parked calls the user may decide)."""
+    if not reviews(user):
+        raise NotAllowed(_REFUSALS["approve"])
+
+
+def sees_all(user: Any) -> bool:
+    """Whether `user` may view every session (staff and reviewers), not only
+    their own: the lists show an owner column then."""
+    return bool(user and user.is_authenticated and user.is_active and (user.is_staff or is_reviewer(user)))
+
+
+def visible(user: Any, queryset: QuerySet[Session]) -> QuerySet[Session]:
+    """`queryset` cut to the sessions `user` may view: the lists' form of
+    session_for's "view" (permissions.visible_sessions)."""
+    return visible_sessions(user, queryset)  # type: ignore[no-any-return]
 
 
 def _refusal(need: Need) -> str:

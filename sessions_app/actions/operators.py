@@ -5,33 +5,56 @@ session (a foreign or missing id is a 404 like on every other action)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sessions_app.actions.access import by, operator, session_for
-from sessions_app.models import Session
+from sessions_app.actions.sessions import StatusAfter, status_now
 from sessions_app.services import operators
+from sessions_app.services.operators import Item as AttentionItem
 
 
-def attention(user: Any) -> dict[str, Any]:
-    """What needs a human, by kind (operators.attention), and how many of each."""
+@dataclass(frozen=True)
+class Attention:
+    """What needs a human, by kind (operators.attention), each bounded."""
+
+    items: dict[str, list[AttentionItem]]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {kind: len(found) for kind, found in self.items.items()}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "attention": {kind: [item.as_json() for item in found] for kind, found in self.items.items()},
+            "counts": self.counts,
+        }
+
+
+@dataclass(frozen=True)
+class ScopeChange:
+    """A suspension or its lifting; `woken`: resume only, the held sessions woken."""
+
+    woken: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": True, "woken": self.woken}
+
+
+def attention(user: Any) -> Attention:
     operator(user)
-    found = operators.attention()
-    return {
-        "attention": {kind: [item.as_json() for item in items] for kind, items in found.items()},
-        "counts": {kind: len(items) for kind, items in found.items()},
-    }
+    return Attention(operators.attention())
 
 
-def suspend(user: Any, scope: str, target: str, reason: str) -> dict[str, Any]:
+def suspend(user: Any, scope: str, target: str, reason: str) -> ScopeChange:
     operator(user)
     operators.suspend(scope, target, by=by(user), reason=reason)
-    return {"ok": True, "woken": None}
+    return ScopeChange()
 
 
-def resume(user: Any, scope: str, target: str, reason: str) -> dict[str, Any]:
+def resume(user: Any, scope: str, target: str, reason: str) -> ScopeChange:
     operator(user)
-    woken = operators.resume(scope, target, by=by(user), reason=reason)
-    return {"ok": True, "woken": woken}
+    return ScopeChange(operators.resume(scope, target, by=by(user), reason=reason))
 
 
 SESSION_ACTIONS = {
@@ -42,10 +65,9 @@ SESSION_ACTIONS = {
 }
 
 
-def session_action(user: Any, session_id: Any, action: str, reason: str) -> dict[str, Any]:
+def session_action(user: Any, session_id: Any, action: str, reason: str) -> StatusAfter:
     """retry or abandon (a blocked turn, NotBlocked / NotAbandonable 409
-    otherwise), revoke or restore."""
+    otherwise), revoke or restore: the session's status afterwards."""
     session = session_for(user, session_id, "operate")
     SESSION_ACTIONS[action](session.id, by=by(user), reason=reason)
-    fresh = Session.objects.filter(id=session.id).first()
-    return {"ok": True, "status": (fresh or session).status}
+    return StatusAfter(status_now(session), {"ok": True})

@@ -4,6 +4,7 @@ the log's events, and driving it (cancel, retry, compact, a model role)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import QuerySet
@@ -28,9 +29,9 @@ def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
     return AgentProfile.objects.order_by("name")
 
 
-def list_profiles(user: Any) -> dict[str, Any]:
-    rows = usable_profiles(user).values("name", "description")
-    return {"profiles": [{"name": r["name"], "description": r["description"]} for r in rows]}
+def list_profiles(user: Any) -> list[AgentProfile]:
+    """The profiles `user` may start sessions with, by name."""
+    return list(usable_profiles(user).only("name", "description"))
 
 
 def create_session(user: Any, profile: str) -> Session:
@@ -59,25 +60,44 @@ def health(session: Session) -> dict[str, Any]:
     }
 
 
-def session_detail(user: Any, session_id: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SessionDetail:
+    """A session as its reader sees it: the row (status, title, head), its
+    usage totals, the calls waiting for a verdict, and its budget."""
+
+    session: Session
+    usage: dict[str, Any]
+    pending: list[Any]
+    budget: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        session, totals = self.session, self.usage
+        return {
+            "id": str(session.id),
+            "profile": session.profile.name if session.profile else None,
+            **health(session),
+            "title": session.title,
+            "usage": {
+                "prompt_tokens": totals["prompt_tokens"],
+                "completion_tokens": totals["completion_tokens"],
+                "cost": float(totals["cost"]),
+                "steps": totals["steps"],
+                "unpriced": totals["unpriced"],
+            },
+            "last_seq": session.last_seq,
+            "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in self.pending],
+            "budget": self.budget,
+        }
+
+
+def session_detail(user: Any, session_id: Any) -> SessionDetail:
     session = session_for(user, session_id, "view")
-    totals = usage(session)
-    return {
-        "id": str(session.id),
-        "profile": session.profile.name if session.profile else None,
-        **health(session),
-        "title": session.title,
-        "usage": {
-            "prompt_tokens": totals["prompt_tokens"],
-            "completion_tokens": totals["completion_tokens"],
-            "cost": float(totals["cost"]),
-            "steps": totals["steps"],
-            "unpriced": totals["unpriced"],
-        },
-        "last_seq": session.last_seq,
-        "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in approvals.pending(session.id)],
-        "budget": budget_services.budget_of(session.id),
-    }
+    return SessionDetail(
+        session=session,
+        usage=usage(session),
+        pending=list(approvals.pending(session.id)),
+        budget=budget_services.budget_of(session.id),
+    )
 
 
 def socket_access(user: Any, session_id: Any) -> dict[str, Any]:
@@ -102,22 +122,45 @@ def live_state(session_id: uuid.UUID) -> dict[str, Any]:
     return {"last_seq": session.last_seq, **health(session)}
 
 
-def events(user: Any, session_id: Any, after: int, limit: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EventsPage:
+    """Events of the log after a seq, bounded in count and bytes; `next_after`
+    is where the next page starts (None when this one reached the head)."""
+
+    events: list[dict[str, Any]]
+    last_seq: int
+    next_after: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"events": self.events, "last_seq": self.last_seq, "next_after": self.next_after}
+
+
+def events(user: Any, session_id: Any, after: int, limit: int) -> EventsPage:
     """A page of the log after `after`: at most `limit` events and at most
-    TERRET_READ_MAX_BYTES of them (log.reads.events_page); `next_after` is
-    where the next page starts (None when this one reached the head)."""
+    TERRET_READ_MAX_BYTES of them (log.reads.events_page)."""
     session = session_for(user, session_id, "view")
     page = events_page(session.id, after, limit)
     # Read the head after the page, so last_seq >= every seq returned.
     last_seq = head(session.id)
     tail = page[-1]["seq"] if page else after
-    return {"events": page, "last_seq": last_seq, "next_after": tail if tail < last_seq else None}
+    return EventsPage(page, last_seq, tail if tail < last_seq else None)
 
 
-def cancel(user: Any, session_id: Any) -> dict[str, Any]:
-    """Cancel the open turn. `closed`: it has already ended (no worker held
-    it, so the cancel closed it at once); otherwise the worker driving it
-    stops its model stream within about a second."""
+@dataclass(frozen=True)
+class Cancelled:
+    """`cancelled`: a turn was open; `closed`: it has already ended (no worker
+    held it, so the cancel closed it at once); otherwise the worker driving
+    it stops its model stream within about a second."""
+
+    cancelled: bool
+    closed: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cancelled": self.cancelled, "closed": self.closed}
+
+
+def cancel(user: Any, session_id: Any) -> Cancelled:
+    """Cancel the open turn."""
     session = session_for(user, session_id, "drive")
     cancelled = services.cancel(session.id, by=by(user))
     closed = False
@@ -125,30 +168,71 @@ def cancel(user: Any, session_id: Any) -> dict[str, Any]:
         row = Session.objects.filter(id=session.id).values_list("open_turn_seq", "cancel_seq").first()
         # turn/end clears cancel_seq: an open turn without one is a later turn, so ours has ended.
         closed = row is None or row[0] is None or row[1] is None
-    return {"cancelled": cancelled, "closed": closed}
+    return Cancelled(cancelled, closed)
 
 
-def retry(user: Any, session_id: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StatusAfter:
+    """A session's status once an action was recorded."""
+
+    status: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.extra, "status": self.status}
+
+
+def status_now(session: Session) -> str:
+    fresh = Session.objects.filter(id=session.id).first()
+    return (fresh or session).status
+
+
+def retry(user: Any, session_id: Any) -> StatusAfter:
     """Drive a blocked turn again now (NotBlocked, 409, when it is not blocked)."""
     session = session_for(user, session_id, "drive")
     services.retry(session.id, by=by(user))
-    fresh = Session.objects.filter(id=session.id).first()
-    return {"status": (fresh or session).status}
+    return StatusAfter(status_now(session))
 
 
-def compact(user: Any, session_id: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Compaction:
+    """What a manual compaction did: its session/compacted seq and the seq it
+    summarizes up to, or why it declined."""
+
+    compacted: bool
+    seq: int | None = None
+    upto_seq: int | None = None
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"compacted": self.compacted, "seq": self.seq, "upto_seq": self.upto_seq, "reason": self.reason}
+
+
+def compact(user: Any, session_id: Any) -> Compaction:
     """Compact now. Runs the summarizer in the caller's thread (seconds)."""
     session = session_for(user, session_id, "drive")
     outcome = compaction.attempt(session.id, manual=True)
     if isinstance(outcome, compaction.CompactionResult):
-        return {"compacted": True, "seq": outcome.seq, "upto_seq": outcome.upto_seq, "reason": None}
-    return {"compacted": False, "seq": None, "upto_seq": None, "reason": outcome.reason}
+        return Compaction(True, outcome.seq, outcome.upto_seq)
+    return Compaction(False, reason=outcome.reason)
 
 
-def set_model(user: Any, session_id: Any, role: str, spec: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ModelRole:
+    """A model role set for a session (its session/model event)."""
+
+    role: str
+    spec: str
+    seq: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"role": self.role, "spec": self.spec, "seq": self.seq}
+
+
+def set_model(user: Any, session_id: Any, role: str, spec: str) -> ModelRole:
     session = session_for(user, session_id, "drive")
     event = services.set_model(session.id, role, spec, by=by(user))
-    return {"role": event.data["role"], "spec": event.data["spec"], "seq": event.seq}
+    return ModelRole(event.data["role"], event.data["spec"], event.seq)
 
 
 def rename(user: Any, session_id: Any, title: str) -> int:

@@ -33,6 +33,6 @@ def compact_outcome(user: Any, session_id: Any) -> tuple[bool, str]:
         raise
     except TerretError as exc:  # the compactor role is unconfigured or its model failed
         return False, f"Compaction failed: {exc}"
-    if outcome["compacted"]:
-        return True, f"Compacted: events up to #{outcome['upto_seq']} are now summarized for the model."
-    return False, f"Compaction declined: {outcome['reason']}."
+    if outcome.compacted:
+        return True, f"Compacted: events up to #{outcome.upto_seq} are now summarized for the model."
+    return False, f"Compaction declined: {outcome.reason}."

@@ -19,9 +19,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from sessions_app.actions import visible
 from sessions_app.errors import InvalidInput
 from sessions_app.models import Session
-from sessions_app.permissions import visible_sessions
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
@@ -55,7 +55,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 def _filtered(user: Any, status: str | None, archived: str) -> QuerySet[Session]:
-    rows = visible_sessions(user, Session.objects.select_related("profile"))
+    rows = visible(user, Session.objects.select_related("profile"))
     if status is not None:
         rows = rows.filter(STATUS_FILTERS[status])
     if archived == "false":

@@ -32,6 +32,7 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ScopeIn,
     Status,
 )
+from sessions_app.models import AgentProfile as ProfileRow
 from sessions_app.models import Schedule as ScheduleRow
 from sessions_app.models import Session as SessionRow
 from sessions_app.services import forks, schedules
@@ -223,6 +224,11 @@ def effects_out(rows: list[Effect]) -> dict[str, Any]:
 
 def resolved_out(resolved: Resolved) -> dict[str, Any]:
     return {"resolved": resolved.effect.as_json(), "status": resolved.status}
+
+
+def profiles_out(profiles: list[ProfileRow]) -> dict[str, Any]:
+    """The profiles a user may start sessions with, as ProfilesOut."""
+    return {"profiles": [{"name": p.name, "description": p.description} for p in profiles]}
 
 
 def created_out(session: SessionRow) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from sessions_app.api.schemas import (
     created_out,
     effects_out,
     fork_out,
+    profiles_out,
     resolved_out,
     schedule_out,
     schedules_out,
@@ -177,7 +178,7 @@ def _user(request: HttpRequest) -> Any:
 @api.get("/profiles", response={200: ProfilesOut, **_READ_ERRORS}, tags=["profiles"])
 def list_profiles(request: HttpRequest) -> Any:
     """The agent profiles the caller may start sessions with."""
-    return actions.list_profiles(_user(request))
+    return profiles_out(actions.list_profiles(_user(request)))
 
 
 @api.post(
@@ -210,7 +211,7 @@ def list_sessions(
 def session_detail(request: HttpRequest, session_id: str) -> Any:
     """Status (with why it is blocked, or waiting for an agent slot), title,
     usage, log head and the calls waiting for approval."""
-    return actions.session_detail(_user(request), session_id)
+    return actions.session_detail(_user(request), session_id).as_json()
 
 
 @api.post("/sessions/{session_id}/inputs", response={202: ReceiptOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -290,7 +291,7 @@ def list_events(
     limit: int = Query(500, ge=1, le=1000),
 ) -> Any:
     """Events with seq > after, in order, at most `limit` (1-1000)."""
-    return actions.events(_user(request), session_id, after, limit)
+    return actions.events(_user(request), session_id, after, limit).as_json()
 
 
 @api.post(
@@ -316,7 +317,7 @@ def decide(request: HttpRequest, session_id: str, call_id: str, payload: Decisio
 @api.put("/sessions/{session_id}/policy", response={200: PolicyOut, **_WRITE_ERRORS}, tags=["sessions"])
 def set_policy(request: HttpRequest, session_id: str, payload: PolicyIn) -> Any:
     """Replace the session's allow-list patterns."""
-    return actions.set_policy(_user(request), session_id, payload.patterns)
+    return actions.set_policy(_user(request), session_id, payload.patterns).as_json()
 
 
 @api.post("/sessions/{session_id}/cancel", response={200: CancelOut, **_WRITE_ERRORS}, tags=["sessions"])
@@ -324,13 +325,13 @@ def cancel(request: HttpRequest, session_id: str) -> Any:
     """Cancel the open turn (cancelled=false when none was open). A turn no
     worker holds (parked, blocked, not yet claimed) ends at once (closed=true);
     a running one stops its model stream within about a second."""
-    return actions.cancel(_user(request), session_id)
+    return actions.cancel(_user(request), session_id).as_json()
 
 
 @api.post("/sessions/{session_id}/retry", response={202: RetryOut, **_WRITE_ERRORS}, tags=["sessions"])
 def retry(request: HttpRequest, session_id: str) -> Any:
     """Drive a blocked turn again now (409 not_blocked when it is not blocked)."""
-    return Status(202, actions.retry(_user(request), session_id))
+    return Status(202, actions.retry(_user(request), session_id).as_json())
 
 
 @api.get("/sessions/{session_id}/effects", response={200: EffectsOut, **_READ_ERRORS}, tags=["effects"])
@@ -360,7 +361,7 @@ def get_budget(request: HttpRequest, session_id: str) -> Any:
     """The session's limits and spend, and the first budget at any scope
     (session; the profile's or the installation's UTC day) that keeps a new
     turn from starting (`exhausted`, null when none does)."""
-    return actions.budget(_user(request), session_id)
+    return actions.budget(_user(request), session_id).as_json()
 
 
 @api.put("/sessions/{session_id}/budget", response={200: BudgetOut, **_WRITE_ERRORS}, tags=["budgets"])
@@ -368,7 +369,7 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
     """Replace the session's four limits (all four required; null: no
     limit); the budget as GET answers it afterwards. Held input runs once
     the budgets allow it. The owner or staff."""
-    return actions.set_budget(_user(request), session_id, payload.model_dump())
+    return actions.set_budget(_user(request), session_id, payload.model_dump()).as_json()
 
 
 @api.post(
@@ -376,7 +377,7 @@ def set_budget(request: HttpRequest, session_id: str, payload: BudgetIn) -> Any:
 )
 def compact(request: HttpRequest, session_id: str) -> Any:
     """Summarise the history now (between turns)."""
-    return actions.compact(_user(request), session_id)
+    return actions.compact(_user(request), session_id).as_json()
 
 
 @api.post(
@@ -398,36 +399,36 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
 @api.get("/ops/attention", response={200: AttentionOut, **_READ_ERRORS}, tags=["operators"])
 def ops_attention(request: HttpRequest) -> Any:
     """What needs a human, by kind, each bounded, with counts (staff only)."""
-    return actions.attention(_user(request))
+    return actions.attention(_user(request)).as_json()
 
 
 @api.post("/ops/suspend", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
 def ops_suspend(request: HttpRequest, payload: ScopeIn) -> Any:
     """Suspend admission for everything, one profile or one session: new input
     is held, and a running turn parks at its next step boundary (staff only)."""
-    return actions.suspend(_user(request), payload.scope, payload.target, payload.reason)
+    return actions.suspend(_user(request), payload.scope, payload.target, payload.reason).as_json()
 
 
 @api.post("/ops/resume", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])
 def ops_resume(request: HttpRequest, payload: ScopeIn) -> Any:
     """Lift a suspension; the sessions it held are woken (staff only)."""
-    return actions.resume(_user(request), payload.scope, payload.target, payload.reason)
+    return actions.resume(_user(request), payload.scope, payload.target, payload.reason).as_json()
 
 
 @api.post("/sessions/{session_id}/abandon", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def abandon(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Close the blocked turn failed (409 not_abandonable when none is blocked,
     or a worker holds it) (staff only)."""
-    return actions.session_action(_user(request), session_id, "abandon", payload.reason)
+    return actions.session_action(_user(request), session_id, "abandon", payload.reason).as_json()
 
 
 @api.post("/sessions/{session_id}/revoke", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def revoke(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Cancel the open turn, deny every tool call and refuse input until restored (staff only)."""
-    return actions.session_action(_user(request), session_id, "revoke", payload.reason)
+    return actions.session_action(_user(request), session_id, "revoke", payload.reason).as_json()
 
 
 @api.post("/sessions/{session_id}/restore", response={200: SessionActionOut, **_WRITE_ERRORS}, tags=["operators"])
 def restore(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Lift a revocation: the session takes input again (staff only)."""
-    return actions.session_action(_user(request), session_id, "restore", payload.reason)
+    return actions.session_action(_user(request), session_id, "restore", payload.reason).as_json()

@@ -20,14 +20,12 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 
-from approvals_app import services as approval_services
 from sessions_app import actions
 from sessions_app.errors import InvalidInput, TerretError, UnknownSession
 from sessions_app.lg import mapping
 from sessions_app.log.reads import newest_window
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.permissions import is_reviewer
 from sessions_app.services import forks, inputs, sessions
 from sessions_app.validation import clean_text
 
@@ -329,10 +327,7 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
 
 
 def _visible(user: Any) -> QuerySet[Session]:
-    qs = Session.objects.select_related("profile")
-    if user.is_staff or is_reviewer(user):
-        return qs
-    return qs.filter(owner=user)
+    return actions.visible(user, Session.objects.select_related("profile"))
 
 
 def search_threads(user: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -697,9 +692,7 @@ def _answer_interrupt(user: Any, session: Session, tv: ThreadView, said: Said) -
     last = None
     for request in waiting:
         reason = said.tool_replies.get(request.call_id) or "the user sent a new message instead"
-        last = approval_services.decide(
-            session.id, request.call_id, "deny", user=user, reason=reason, request_seq=request.seq
-        )
+        last = actions.decide(user, session.id, request.call_id, "deny", reason, request.seq)
     assert last is not None
     return Started(session.id, mapping.run_id(session.id, last.seq), last.seq)
 
@@ -765,9 +758,7 @@ def _resume(user: Any, session: Session, command: Any) -> Started:
     verdicts = [_verdict(d, r) for d, r in zip(decisions, waiting, strict=True)]
     last = None
     for request, (verdict, reason, edited) in zip(waiting, verdicts, strict=True):
-        last = approval_services.decide(
-            session.id, request.call_id, verdict, user=user, reason=reason, request_seq=request.seq, edited_args=edited
-        )
+        last = actions.decide(user, session.id, request.call_id, verdict, reason, request.seq, edited_args=edited)
     assert last is not None
     return Started(session.id, mapping.run_id(session.id, last.seq), last.seq)
 

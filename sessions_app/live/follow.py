@@ -146,7 +146,7 @@ class Follower(AsyncWebsocketConsumer):
             # this line gets a hint, and everything before it is in the first read.
             await hub.process_hub().subscribe(self.sid, self)
             state = await in_thread(actions.live_state, hub.READ_POOL)(self.sid)
-            state["budget"] = await in_thread(actions.budget_state, hub.READ_POOL)(self.sid)
+            state["budget"] = (await in_thread(actions.budget_state, hub.READ_POOL)(self.sid)).as_json()
         except Exception:
             logger.exception("session socket for %s could not start", self.sid)
             await self.disconnect(1011)

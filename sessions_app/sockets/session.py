@@ -210,17 +210,17 @@ class SessionConsumer(Follower):
                     allow_for_session=frame.allow_for_session,
                 ).as_json()
             case "cancel":
-                return actions.cancel(user, sid)
+                return actions.cancel(user, sid).as_json()
             case "retry":
-                return actions.retry(user, sid)
+                return actions.retry(user, sid).as_json()
             case "compact":
-                return actions.compact(user, sid)
+                return actions.compact(user, sid).as_json()
             case "set_policy":
-                return actions.set_policy(user, sid, frame.patterns)
+                return actions.set_policy(user, sid, frame.patterns).as_json()
             case "set_model":
-                return actions.set_model(user, sid, frame.role, frame.spec)
+                return actions.set_model(user, sid, frame.role, frame.spec).as_json()
             case "budget":
-                return {"budget": actions.set_budget(user, sid, frame.limit.model_dump())}
+                return {"budget": actions.set_budget(user, sid, frame.limit.model_dump()).as_json()}
             case "fork":
                 return {"session": forks.as_json(actions.fork(user, sid, frame.at_seq, frame.policy))}
             case "ping":

@@ -1,8 +1,8 @@
 """The operators' console (/ops/): what needs a human, by kind, with the
 buttons that act on it, a form to suspend a scope, and the operators' log.
 
-Staff only (permissions.is_operator): anyone else signed in gets 403, the
-anonymous the login page. Every button is a plain POST (CSRF as everywhere)
+Staff only (actions.operator, the one access rule): anyone else signed in
+gets 403, the anonymous the login page. Every button is a plain POST (CSRF as everywhere)
 to a view here that calls services/operators.py and redirects back with a
 message; the page itself only reads (operators.attention, OperatorAction).
 """
@@ -14,7 +14,6 @@ import uuid
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -23,7 +22,6 @@ from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import AgentProfile, OperatorAction
-from sessions_app.permissions import is_operator
 from sessions_app.services import operators
 from sessions_app.web.schedules import due_soon
 
@@ -51,12 +49,6 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=operators.MAX_REASON_CHARS, required=False)
 
 
-def _operator(request: HttpRequest) -> str:
-    if not is_operator(request.user):
-        raise PermissionDenied("the operators' console is for staff")
-    return str(request.user.get_username())
-
-
 def _form_errors(form: forms.Form) -> str:
     return " ".join(str(e) for errors in form.errors.values() for e in errors)
 
@@ -64,8 +56,7 @@ def _form_errors(form: forms.Form) -> str:
 @login_required
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    _operator(request)
-    found = operators.attention()
+    found = actions.attention(request.user).items
     sections = [
         {"kind": kind, "heading": heading, "about": about, "items": found.get(kind, [])}
         for kind, heading, about in SECTIONS
@@ -85,7 +76,8 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 def _scope_action(request: HttpRequest, action: str) -> HttpResponse:
-    _operator(request)
+    # The one rule before the form is judged, as on every door.
+    actions.operator(request.user)
     form = ScopeForm(request.POST)
     if not form.is_valid():
         messages.error(request, f"Nothing done: {_form_errors(form)}")
@@ -97,7 +89,7 @@ def _scope_action(request: HttpRequest, action: str) -> HttpResponse:
             actions.suspend(request.user, data["scope"], data["target"], data["reason"])
             messages.success(request, f"Suspended admission: {what}.")
         else:
-            woken = actions.resume(request.user, data["scope"], data["target"], data["reason"])["woken"]
+            woken = actions.resume(request.user, data["scope"], data["target"], data["reason"]).woken
             messages.success(request, f"Resumed admission: {what} ({woken} session(s) woken).")
     except TerretError as exc:
         messages.error(request, f"Nothing done: {exc}")

@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from sessions_app import permissions
+from sessions_app import actions
 from sessions_app.actions.words import compact_outcome, status_label
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
@@ -70,17 +70,17 @@ def _agent_id(session: Session) -> str:
 
 
 def sees_everything(user: Any) -> bool:
-    return bool(user.is_staff or permissions.is_reviewer(user))
+    return actions.sees_all(user)
 
 
 def dashboard_context(user: Any, page_number: Any) -> dict[str, Any]:
-    sessions = permissions.visible_sessions(user, Session.objects.all())
+    sessions = actions.visible(user, Session.objects.all())
     listing = sessions.select_related("profile", "agent", "owner").order_by(
         F("last_event_at").desc(nulls_last=True), "-created_at"
     )
     page = Paginator(listing, PAGE_SIZE).get_page(page_number)
     rows = [
-        SessionRow(s, _agent_id(s), totals_of(s), permissions.can_drive(user, s), session_budget(s))
+        SessionRow(s, _agent_id(s), totals_of(s), actions.allowed(user, s, "drive"), session_budget(s))
         for s in page.object_list
     ]
     everything = sees_everything(user)

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from sessions_app import permissions
+from sessions_app import actions
 from sessions_app.live import frames
 from sessions_app.live.auth import live_user
 from sessions_app.log import hints
@@ -48,7 +48,7 @@ def fragment_for(
     if user is None:
         return None
     if session_ids is not None:
-        visible = permissions.visible_sessions(user, Session.objects.filter(id__in=session_ids))
+        visible = actions.visible(user, Session.objects.filter(id__in=session_ids))
         if not session_ids or not visible.exists():
             return ""
     return dashboard_fragment(user, page)

@@ -27,7 +27,6 @@ from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import TerretError, UnknownSession
 from sessions_app.models import Session
-from sessions_app.permissions import can_view, visible_sessions
 from sessions_app.services import forks
 
 
@@ -50,10 +49,10 @@ def panel_context(request: HttpRequest, session: Session) -> dict[str, Any]:
     parent = None
     if origin is not None:
         found = Session.objects.filter(id=origin["parent"]).first()
-        parent = found if found is not None and can_view(request.user, found) else None
+        parent = found if found is not None and actions.allowed(request.user, found, "view") else None
     notes = forks.forks_of(session.id)
     children = {
-        str(s.id): s for s in visible_sessions(request.user, Session.objects.filter(id__in=[n["child"] for n in notes]))
+        str(s.id): s for s in actions.visible(request.user, Session.objects.filter(id__in=[n["child"] for n in notes]))
     }
     marks = [{**n, "session": children[n["child"]]} for n in notes if n["child"] in children]
     return {

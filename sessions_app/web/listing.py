@@ -10,7 +10,7 @@ from django.core.paginator import Paginator
 from django.db.models import F
 from django.template.loader import render_to_string
 
-from sessions_app import permissions
+from sessions_app import actions
 from sessions_app.actions.words import status_label
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
@@ -32,7 +32,7 @@ def agent_id_of(session: Session) -> str:
 
 def list_context(user: Any, page_number: Any, *, query: str = "", archived: bool = False) -> dict[str, Any]:
     query = " ".join(query.split())[:MAX_QUERY_CHARS]
-    qs = permissions.visible_sessions(user, Session.objects.all())
+    qs = actions.visible(user, Session.objects.all())
     qs = qs.filter(archived_at__isnull=not archived)
     if query:
         qs = qs.filter(title__icontains=query)
@@ -49,7 +49,7 @@ def list_context(user: Any, page_number: Any, *, query: str = "", archived: bool
         }
         for s in page.object_list
     ]
-    show_owner = bool(user.is_staff or permissions.is_reviewer(user))
+    show_owner = actions.sees_all(user)
     # Only the plain list follows live: a search or the archive is a snapshot.
     live = not query and not archived
     return {

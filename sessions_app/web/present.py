@@ -22,11 +22,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
-from sessions_app import permissions
+from sessions_app.actions import allowed
 from sessions_app.actions.words import status_label
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
-from sessions_app.permissions import can_resolve
 from sessions_app.runtime.limits import Exceeded
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import effects as effect_services
@@ -519,7 +518,7 @@ def facts_context(session: Session, user: Any, *, oob: bool = False) -> dict[str
         "blocked": blocked_info(session),
         "waiting": waiting_info(session),
         "cost_text": format_cost(session.cost, session.unpriced_entries),
-        "can_drive": permissions.can_drive(user, session),
+        "can_drive": allowed(user, session, "drive"),
         "oob": oob,
     }
 
@@ -596,7 +595,7 @@ def effects_context(
     return {
         "session": session,
         "unknown_effects": pending_effects(session),
-        "can_resolve": can_resolve(user, session),
+        "can_resolve": allowed(user, session, "resolve"),
         "result_max": effect_services.MAX_RESULT_CHARS,
         "reason_max": effect_services.MAX_REASON_CHARS,
         "effects_notice": notice,
@@ -643,7 +642,7 @@ def budget_context(
         "budget_form": form,
         "budget_notice": notice,
         "budget_error": error,
-        "can_drive": permissions.can_drive(user, session),
+        "can_drive": allowed(user, session, "drive"),
         "oob": oob,
     }
 

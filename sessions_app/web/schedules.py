@@ -22,7 +22,6 @@ from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Schedule, Session
-from sessions_app.permissions import can_drive
 from sessions_app.services import schedules
 
 PANEL = "sessions/_schedules.html"
@@ -59,7 +58,7 @@ def panel_context(session: Session, user: Any, **extra: Any) -> dict[str, Any]:
     return {
         "session": session,
         "schedules": schedules.of_session(session.id)[:50],
-        "can_drive": can_drive(user, session),
+        "can_drive": actions.allowed(user, session, "drive"),
         "schedule_form": extra.pop("form", None) or ScheduleForm(),
         **extra,
     }

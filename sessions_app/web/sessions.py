@@ -30,7 +30,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 
 from approvals_app.selectors import pending as pending_calls
-from sessions_app import actions, permissions
+from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
@@ -243,7 +243,7 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 @login_required
 @require_POST
 def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
-    cancelled = actions.cancel(request.user, session_id)["cancelled"]
+    cancelled = actions.cancel(request.user, session_id).cancelled
     if getattr(request, "htmx", False):
         # The status badge follows the log over the websocket.
         return HttpResponse(status=204)
@@ -438,7 +438,7 @@ def session_context(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
 def _context_page(request: HttpRequest, session: Session, **extra: Any) -> dict[str, Any]:
     return {
         "session": session,
-        "can_drive": permissions.can_drive(request.user, session),
+        "can_drive": actions.allowed(request.user, session, "drive"),
         "chat_url": reverse("sessions:chat", args=[session.id]),
         **context_view(session),
         **extra,

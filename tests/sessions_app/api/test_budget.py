@@ -214,7 +214,7 @@ def test_the_hello_frame_carries_the_budget(session):
 
     consumer = consumer_of(session.owner, session)
     consumer.last_sent = 0
-    state = {**ops.live_state(session.id), "budget": ops.budget_state(session.id)}
+    state = {**ops.live_state(session.id), "budget": ops.budget_state(session.id).as_json()}
     access = {"session": session.id, "can_drive": True, "can_approve": False}
     hello = json.loads(consumer.hello_frame(access, state))
     assert hello["budget"]["limit"] == NO_LIMITS and hello["budget"]["exhausted"] is None

@@ -1,5 +1,8 @@
-"""{% schedules_panel %}: the session page's schedules panel, rendered from
-its own read (the chat view need not know about schedules)."""
+"""{% load schedules %}{% schedules_panel %}: the session page's schedules
+panel, rendered from its own read (the chat view need not know about
+schedules). A template library of the pages' own, registered by dotted path
+in settings (TEMPLATES' "libraries"), so it lives in web/ beside its views
+instead of in an app's templatetags package beneath every door."""
 
 from __future__ import annotations
 
