@@ -128,7 +128,8 @@ def _fragment(request: HttpRequest, origin: str, session_id: uuid.UUID, *, notic
     if origin == "inline":
         session = session_for(request.user, session_id, "view")
         return render(request, INLINE_TEMPLATE, _inline_context(session, notice=notice, error=error))
-    return render(request, QUEUE_TEMPLATE + "#queue", _queue_context(request, notice=notice, error=error))
+    context = {**_queue_context(request, notice=notice, error=error), "verdict": True, "notice_oob": True}
+    return render(request, QUEUE_TEMPLATE + "#queue", context)
 
 
 def _next_url(request: HttpRequest, origin: str) -> str:

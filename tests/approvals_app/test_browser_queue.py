@@ -85,7 +85,7 @@ def test_stale_second_click_says_already_decided(
     approvals.decide(session.id, "c1", "approve", user=make_reviewer("quick"))
     late.get_by_label("Reason").fill("looks fine")
     late.locator("#approval-queue").get_by_role("button", name="Deny").click()
-    alert = late.locator("#approval-queue [role=alert]")
+    alert = late.locator("#approval-notice [role=alert]")
     expect(alert).to_contain_text("already decided (approve by quick)")
     expect(late.locator('#approval-queue li[data-call-id="c1"]')).to_have_count(0)
     assert [

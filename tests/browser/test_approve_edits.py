@@ -82,7 +82,7 @@ def test_edit_approve_from_the_queue_runs_the_edited_arguments(
     reviewer.screenshot(path=str(tmp_path / f"queue-edit-{width}.png"), full_page=True)
     box.fill(json.dumps({"path": "notes.txt", "content": "edited in the browser"}, indent=2))
     card.get_by_role("button", name="Approve", exact=True).click()
-    expect(reviewer.locator("#approval-queue")).to_contain_text("Approved with your edits.")
+    expect(reviewer.locator("#approval-notice")).to_contain_text("Approved with your edits.")
 
     # The owner's page unparks live; the tool wrote the reviewer's text.
     expect(user.locator("#status")).to_have_text("idle", timeout=30_000)
@@ -116,7 +116,7 @@ def test_a_bad_edit_is_refused_on_the_page_and_nothing_runs(
     card.get_by_text("Edit arguments").click()
     card.get_by_label("Arguments as JSON").fill('{"path": "a.txt"}')
     card.get_by_role("button", name="Approve", exact=True).click()
-    alert = reviewer.locator("#approval-queue [role=alert]")
+    alert = reviewer.locator("#approval-notice [role=alert]")
     expect(alert).to_contain_text("do not fit workspace.write's parameters")
     expect(reviewer.locator('#approval-queue li[data-call-id="c1"]')).to_have_count(1)
     assert not Event.objects.filter(session=session, kind="approval/resolved").exists()
