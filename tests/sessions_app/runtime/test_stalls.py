@@ -9,7 +9,7 @@ and a provider trickling keep-alives."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.log.reads import turn_events
 from sessions_app.models import Session
+from sessions_app.runtime import lease
 from sessions_app.runtime.progress import report_stalls
 from sessions_app.runtime.view import TurnState
 from tests.helpers import events, kinds
@@ -181,3 +182,28 @@ def test_on_stall_cancel_cancels_the_stalled_turn(session: Session) -> None:
 
 def session_row(session: Session) -> Session:
     return Session.objects.get(id=session.id)
+
+
+def test_the_progress_mark_rides_the_lease_renewal_only_for_the_holder(session: Session) -> None:
+    held = lease.claim(session.id)
+    assert held is not None
+    lease.keeper.drop(held)  # renewed by hand here, not by the keeper thread
+    held.model_call()
+    for _ in range(3):
+        held.streamed_text()  # what the runner does per streamed text chunk: no write
+    row = session_row(session)
+    assert (row.progress_at, row.streamed_tokens) == (None, 0)
+    assert lease.renew_many([held]) == [held]
+    row = session_row(session)
+    assert row.streamed_tokens == 3
+    assert row.progress_at == datetime.fromtimestamp(held.progress_at or 0, UTC)
+    assert held.unwritten_progress() is None  # written: the next renewal carries none
+    taken = lease.claim(session.id, ttl=0.5)  # as after an expiry; a takeover bumps the generation
+    assert taken is None
+    Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    taken = lease.claim(session.id)
+    assert taken is not None
+    lease.keeper.drop(taken)
+    held.streamed_text()  # the old holder's stream goes on, fenced off
+    assert lease.renew_many([held]) == []
+    assert session_row(session).streamed_tokens == 3
