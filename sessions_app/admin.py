@@ -96,6 +96,7 @@ class AgentProfileForm(ProfileChecks):
             "max_schedules",
             "min_schedule_seconds",
             "schedule_pause_after",
+            "on_stall",
             "created_at",
         ]
         help_texts = {
@@ -106,6 +107,8 @@ class AgentProfileForm(ProfileChecks):
             "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit).",
             "daily_steps": "Model steps per UTC day (blank: no limit).",
             "daily_turns": "Turns per UTC day (blank: no limit).",
+            "on_stall": "What happens to a running turn with no progress for TERRET_STALL_SECONDS: reported "
+            "(turn/stalled, /ops/), or reported and cancelled.",
         }
 
     def clean(self) -> dict[str, Any]:

@@ -63,6 +63,11 @@ class AgentProfile(models.Model):
         default=list, blank=True, help_text='Model roles whose model accepts images, e.g. ["main"]'
     )
     summarizer = models.CharField(max_length=16, choices=SUMMARIZER_CHOICES, default="role")
+    # What the sweep does about a turn that made no progress for
+    # TERRET_STALL_SECONDS (runtime/progress.py): report it (turn/stalled), or
+    # report it and cancel the turn.
+    ON_STALL_CHOICES = [("report", "Report it (turn/stalled)"), ("cancel", "Report it and cancel the turn")]
+    on_stall = models.CharField(max_length=16, choices=ON_STALL_CHOICES, default="report")
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -113,6 +118,12 @@ class Session(models.Model):
     # liveness.py): while that process lives, PostgreSQL holds its advisory
     # lock; once the lock is free, the lease may be taken over at once.
     lease_process = models.IntegerField(null=True, blank=True)
+    # The lease holder's progress mark (runtime/progress.py): when its model
+    # stream last gave text, and how many text chunks the current model call
+    # has streamed. Written with the keeper's lease renewal, never per token,
+    # so they lag by up to a third of the lease.
+    progress_at = models.DateTimeField(null=True, blank=True)
+    streamed_tokens = models.BigIntegerField(default=0)
 
     # Turn health, projected from the log: the turn/blocked that stopped the
     # open turn's retries (None: not blocked), the open turn's
@@ -125,6 +136,9 @@ class Session(models.Model):
     # operator has resolved yet; while any is, the turn waits (status
     # waiting_reconcile). A turn/end starts it over.
     unknown_effects = models.IntegerField(default=0)
+    # The open turn's latest turn/stalled of no progress ({since, phase}); it
+    # stands while nothing happened after it (runtime/progress.py, stalled_since).
+    stalled_seq = models.BigIntegerField(null=True, blank=True)
 
     # The session's budget (its latest budget/updated; None: no limit) and
     # the turns it opened, beside the usage totals above (runtime/limits.py).

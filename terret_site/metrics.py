@@ -11,7 +11,7 @@ scrape runs a handful of bounded queries and reports what they find.
 
 - Gauges come from the session rows' projections, which the log's append
   keeps in step with the events (one query for the sessions by status, live
-  turns, blocked turns, held input and pending approvals), and one indexed
+  turns, blocked and stalled turns, held input and pending approvals), and one indexed
   read of the events for the oldest approval still unanswered.
 - Counters come from per-UTC-day tallies that the log's append statement
   itself keeps (sessions_app/log/catalogue.py, `Kind.extra`): UsageDay
@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sessions_app.models import Event, ModelTally, RuntimeCounter, Session, TurnTally, UsageDay, WorkerProcess
+from sessions_app.runtime.progress import STALL_STANDS
 
 # Session.status's precedence, written as conditions on the projection columns.
 _OPEN = Q(open_turn_seq__isnull=False)
@@ -100,6 +101,7 @@ class DatabaseCollector(Collector):
             **{f"s_{name}": Count("pk", filter=cond) for name, cond in STATUS_FILTERS.items()},
             live=Count("pk", filter=live),
             blocked=Count("pk", filter=_OPEN & Q(blocked_seq__isnull=False)),
+            stalled=Count("pk", filter=STALL_STANDS),
             held=Count("pk", filter=Q(held_seq__isnull=False)),
             approvals=Coalesce(Sum("pending_approvals", filter=_OPEN), 0, output_field=IntegerField()),
         )
@@ -114,6 +116,12 @@ class DatabaseCollector(Collector):
             "terret_turns_blocked",
             "Open turns stopped by turn/blocked, waiting for a stimulus or an operator (whatever else holds them).",
             _int(row["blocked"]),
+        )
+        yield GaugeMetricFamily(
+            "terret_turns_stalled",
+            "Running turns with no progress (no event, no streamed text) for TERRET_STALL_SECONDS, whose "
+            "turn/stalled stands.",
+            _int(row["stalled"]),
         )
         yield GaugeMetricFamily(
             "terret_sessions_held", "Sessions whose input a budget or a hold keeps (input/held).", _int(row["held"])

@@ -208,6 +208,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 TERRET_MAX_AGENTS = env_int("TERRET_MAX_AGENTS", 128, minimum=1)
 TERRET_LEASE_SECONDS = env_float("TERRET_LEASE_SECONDS", 30.0, minimum=0.5)
 TERRET_SWEEP_SECONDS = env_float("TERRET_SWEEP_SECONDS", 15.0, minimum=0.2)
+# A running turn with no progress (no event, no streamed text) for this long
+# is stalled: the sweep appends turn/stalled once (runtime/progress.py).
+TERRET_STALL_SECONDS = env_float("TERRET_STALL_SECONDS", 300.0, minimum=0.5)
 # Scheduled wake-ups (runtime/schedules.py): how often each worker's clock
 # looks for due schedules, and how late a due time may be before its
 # schedule's misfire policy applies (the workers were down).

@@ -13,12 +13,13 @@ from approvals_app import selectors as approvals
 from sessions_app import services
 from sessions_app.actions.access import by, session_for
 from sessions_app.errors import InvalidInput, UnknownSession
-from sessions_app.log.reads import blocked_info, events_page, usage, waiting_info
+from sessions_app.log.reads import blocked_info, events_page, stalled_since, usage, waiting_info
 from sessions_app.models import AgentProfile, Session
 from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
+from sessions_app.services.operators import turn_progress
 
 
 def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
@@ -50,25 +51,30 @@ def _iso(info: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def health(session: Session) -> dict[str, Any]:
     """status, and `blocked` {reason, attempts, since} / `waiting` {reason,
-    since} (each None unless the session is in that state), and the open
-    turn's count of unresolved attempts of unknown outcome, JSON-ready."""
+    since} (each None unless the session is in that state), the open
+    turn's count of unresolved attempts of unknown outcome, and
+    `stalled_since` (None unless its turn/stalled stands), JSON-ready."""
+    stalled = stalled_since(session)
     return {
         "status": session.status,
         "blocked": _iso(blocked_info(session)),
         "waiting": _iso(waiting_info(session)),
         "unknown_effects": session.unknown_effects,
+        "stalled_since": stalled.isoformat() if stalled else None,
     }
 
 
 @dataclass(frozen=True)
 class SessionDetail:
     """A session as its reader sees it: the row (status, title, head), its
-    usage totals, the calls waiting for a verdict, and its budget."""
+    usage totals, the calls waiting for a verdict, its budget, and the open
+    turn's progress."""
 
     session: Session
     usage: dict[str, Any]
     pending: list[Any]
     budget: dict[str, Any]
+    progress: Any  # services.operators.turn_progress: the open turn's progress
 
     def as_json(self) -> dict[str, Any]:
         session, totals = self.session, self.usage
@@ -87,6 +93,7 @@ class SessionDetail:
             "last_seq": session.last_seq,
             "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in self.pending],
             "budget": self.budget,
+            "progress": self.progress.as_json(),
         }
 
 
@@ -97,6 +104,7 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         usage=usage(session),
         pending=list(approvals.pending(session.id)),
         budget=budget_services.budget_of(session.id),
+        progress=turn_progress(session),
     )
 
 

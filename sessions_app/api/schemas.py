@@ -159,6 +159,26 @@ class BudgetOut(Schema):
     )
 
 
+class ToolInFlightOut(Schema):
+    name: str = Field(description="the tool's name")
+    since: str | None = Field(description="ISO 8601: when its attempt started (tool/attempt)")
+
+
+class ProgressOut(Schema):
+    """A running turn's progress: its last event, the text its model stream gave, its tool calls in flight."""
+
+    last_event_at: str | None = Field(description="ISO 8601: the session's newest event")
+    phase: Literal["model", "tool", "turn"] | None = Field(
+        description="model: a step waits for its model's reply; tool: a tool call is in flight; turn: between "
+        "steps; null: no turn is open"
+    )
+    streamed_tokens: int = Field(
+        description="text chunks the current model call has streamed, as of its worker's last lease renewal "
+        "(a third of TERRET_LEASE_SECONDS at most behind); 0 outside the model phase"
+    )
+    tools_in_flight: list[ToolInFlightOut]
+
+
 class SessionOut(Schema):
     id: str
     profile: str | None
@@ -169,11 +189,16 @@ class SessionOut(Schema):
         description="attempts of the open turn whose outcome is unknown and that no operator has resolved "
         "(status waiting_reconcile while above 0); GET …/effects lists them"
     )
+    stalled_since: str | None = Field(
+        description="ISO 8601: since when the running turn has made no progress, once it has made none for "
+        "TERRET_STALL_SECONDS (its turn/stalled); null otherwise, and again once it makes progress"
+    )
     title: str
     usage: UsageOut
     last_seq: int
     pending_approvals: list[PendingOut]
     budget: BudgetOut = Field(description="as GET …/budget answers")
+    progress: ProgressOut = Field(description="what the open turn has done lately (docs/runtime.md, liveness)")
 
 
 class ReceiptOut(Schema):
@@ -361,7 +386,9 @@ class ResolveOut(Schema):
 
 
 class AttentionItemOut(Schema):
-    kind: str = Field(description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects")
+    kind: str = Field(
+        description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, stalled"
+    )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
     since: str | None = Field(description="ISO 8601")
@@ -372,7 +399,8 @@ class AttentionItemOut(Schema):
 class AttentionOut(Schema):
     attention: dict[str, list[AttentionItemOut]] = Field(
         description="by kind (blocked, suspended, revoked, held_input, approvals oldest first, expired_leases, "
-        "unknown_effects), each at most 200"
+        "unknown_effects, stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the "
+        "turn's progress), each at most 200"
     )
     counts: dict[str, int]
 

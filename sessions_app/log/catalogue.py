@@ -48,7 +48,10 @@ _TURN_FRESH: list[tuple[str, list[Any]]] = [
     ("blocked_seq = NULL", []),
     ("cancel_seq = NULL", []),
     ("unknown_effects = 0", []),
+    ("stalled_seq = NULL", []),
 ]
+# Where a turn that made no progress stood (turn/stalled's `phase`).
+STALL_PHASES = ("model", "tool", "turn")
 REPLAY_POLICIES = ("safe", "reconcile", "never")
 RESOLUTIONS = ("rerun", "done", "failed")
 _ATTEMPT = {"type": "integer", "minimum": 1}
@@ -360,13 +363,26 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "turn/stalled",
-            _obj(
-                {"attempt": {"type": "integer", "minimum": 1}, "error": _STR, "retry_in": {"type": "number"}},
-                ["attempt", "error", "retry_in"],
-            ),
+            {
+                **_obj(
+                    {
+                        "attempt": {"type": "integer", "minimum": 1},
+                        "error": _STR,
+                        "retry_in": {"type": "number"},
+                        "since": _NONEMPTY,
+                        "phase": {"enum": list(STALL_PHASES)},
+                    }
+                ),
+                # One shape or the other, never a mix.
+                "oneOf": [{"required": ["attempt", "error", "retry_in"]}, {"required": ["since", "phase"]}],
+            },
             False,
-            "A resumed turn failed transiently; it is retried after `retry_in` seconds (attempt N of the "
-            "setting TERRET_RESUME_ATTEMPTS).",
+            "Two shapes. `{attempt, error, retry_in}`: a resumed turn failed transiently; it is retried after "
+            "`retry_in` seconds (attempt N of the setting TERRET_RESUME_ATTEMPTS). `{since, phase}`: the running "
+            "turn has made no progress (no event, no streamed text) since `since` (ISO 8601), for "
+            "TERRET_STALL_SECONDS; `phase` is where it stands (model, tool, turn). Appended once by a worker's "
+            "sweep; it stands until anything happens after it.",
+            lambda d: [("stalled_seq = NEW_SEQ", [])] if "since" in d else [],
         ),
         Kind(
             "turn/blocked",

@@ -197,10 +197,25 @@ def release(session_id: uuid.UUID, gen: int, *, expires: datetime | None = None)
     return Workload.from_row(rows[0]) if rows else None
 
 
-def renew(held: list[tuple[uuid.UUID, int]], expires: datetime) -> set[tuple[uuid.UUID, int]]:
+def renew(
+    held: list[tuple[uuid.UUID, int]],
+    expires: datetime,
+    progress: dict[uuid.UUID, tuple[datetime, int]] | None = None,
+) -> set[tuple[uuid.UUID, int]]:
     """Push out the expiry of the leases (session, generation) still held;
-    returns those that were."""
-    q = Sql(f"UPDATE {SESSION_TABLE} SET lease_expires_at = %s WHERE (id, lease_gen) IN (VALUES ", expires)
+    returns those that were. `progress` rides along: per session, the
+    holder's progress mark (when its model stream last gave text, and how
+    many text chunks its current model call has streamed), for the sessions
+    whose mark moved since the last renewal (runtime/progress.py)."""
+    q = Sql(f"UPDATE {SESSION_TABLE} SET lease_expires_at = %s", expires)
+    if progress:
+        q.add(", progress_at = CASE id").join(
+            "", (Sql(" WHEN %s THEN %s", sid, at) for sid, (at, _) in progress.items())
+        )
+        q.add(" ELSE progress_at END, streamed_tokens = CASE id")
+        q.join("", (Sql(" WHEN %s THEN %s", sid, n) for sid, (_, n) in progress.items()))
+        q.add(" ELSE streamed_tokens END")
+    q.add(" WHERE (id, lease_gen) IN (VALUES ")
     q.join(", ", (Sql("(%s, %s)", sid, gen) for sid, gen in held))
     q.add(") RETURNING id, lease_gen")
     # Not prepared: its shape changes with the number of leases.

@@ -62,6 +62,27 @@ def waiting_info(session: Session) -> dict[str, Any] | None:
     return {"reason": row["data"].get("reason", ""), "since": row["created_at"]}
 
 
+def stall_stands(session: Session) -> bool:
+    """Whether the open turn's turn/stalled of no progress still stands:
+    nothing was appended after it, and its holder's progress mark (streamed
+    text, written with the lease renewal) is no later than it. The sweep's
+    test (runtime/progress.py, STALL_STANDS) is the same, in SQL."""
+    if session.stalled_seq is None or session.open_turn_seq is None or session.stalled_seq != session.last_seq:
+        return False
+    return session.progress_at is None or session.last_event_at is None or session.progress_at <= session.last_event_at
+
+
+def stalled_since(session: Session) -> datetime | None:
+    """Since when the open turn has made no progress, while its turn/stalled
+    stands (stall_stands); None otherwise."""
+    if not stall_stands(session) or session.stalled_seq is None:
+        return None
+    data = Event.objects.filter(session_id=session.id, seq=session.stalled_seq).values_list("data", flat=True).first()
+    if not data or "since" not in data:
+        return None
+    return datetime.fromisoformat(data["since"])
+
+
 def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
     """The open turn: its turn/start and everything after it."""
     rows = (

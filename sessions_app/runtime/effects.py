@@ -115,6 +115,16 @@ def ledgers(events: list[LoggedEvent], *, after: int = 0) -> dict[str, CallLedge
     return out
 
 
+def in_flight(events: list[tuple[LoggedEvent, datetime]]) -> list[Attempt]:
+    """The attempts among `events` (each with its time) that have no outcome
+    yet and were not replaced: tool calls running now, or whose worker died
+    with them (runtime/progress.py shows them with their age)."""
+    out: dict[str, CallLedger] = {}
+    for e, at in events:
+        _apply(out, e, at=at)
+    return [a for ledger in out.values() for a in ledger.attempts if a.state == "in_flight"]
+
+
 def _apply(out: dict[str, CallLedger], e: LoggedEvent, at: datetime | None = None) -> Attempt | None:
     if e.kind == "tool/attempt":
         a = Attempt(e.seq, e.data["call_id"], e.data["name"], e.data["attempt"], e.data, at=at)

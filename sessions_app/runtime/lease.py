@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -112,6 +112,29 @@ class Lease:
     # The open turn's view (reads.turn_view's rows) when the claim could
     # read it in its own statement; the runner's load takes it once.
     view: list[ViewRow] | None = None
+    # The progress mark (runtime/progress.py): when the model stream last gave
+    # text (time.time()) and the current model call's text chunks so far, set
+    # by the streaming thread; the keeper writes it with its next renewal
+    # when it moved, so a streamed token costs no write of its own.
+    progress_at: float | None = None
+    streamed: int = 0
+    written: tuple[float | None, int] = field(default=(None, 0), init=False, repr=False)
+
+    def model_call(self) -> None:
+        """A model call starts: its text chunks are counted from zero."""
+        self.streamed = 0
+
+    def streamed_text(self) -> None:
+        """The model stream gave text: progress (keep-alive comments are not)."""
+        self.streamed += 1
+        self.progress_at = time.time()
+
+    def unwritten_progress(self) -> tuple[float, int] | None:
+        """The progress mark, if it moved since the keeper last wrote it."""
+        at, n = self.progress_at, self.streamed
+        if at is None or (at, n) == self.written:
+            return None
+        return at, n
 
     def take_view(self, turn_seq: int) -> list[ViewRow] | None:
         view, self.view = self.view, None
@@ -165,12 +188,21 @@ def renew_many(held: list[Lease]) -> list[Lease]:
 
 
 def _renew_chunk(chunk: list[Lease], ttl: float) -> list[Lease]:
-    ours = statements.renew([(lease.session_id, lease.gen) for lease in chunk], timezone.now() + timedelta(seconds=ttl))
+    marks = [lease.unwritten_progress() for lease in chunk]
+    progress = {
+        lease.session_id: (datetime.fromtimestamp(mark[0], UTC), mark[1])
+        for lease, mark in zip(chunk, marks, strict=True)
+        if mark is not None
+    }
+    held = [(lease.session_id, lease.gen) for lease in chunk]
+    ours = statements.renew(held, timezone.now() + timedelta(seconds=ttl), progress)
     at = time.monotonic()
     renewed = []
-    for lease in chunk:
+    for lease, mark in zip(chunk, marks, strict=True):
         if (lease.session_id, lease.gen) in ours:
             lease.renewed_at = at
+            if mark is not None:
+                lease.written = mark
             renewed.append(lease)
         else:
             lease.lost.set()

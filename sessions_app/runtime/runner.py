@@ -387,8 +387,10 @@ class TurnRunner:
         started = time.monotonic()
         # The step's text so far, for a socket that connects mid-stream (log/partial.py).
         kept = StreamedText(self.sid, step)
+        self.lease.model_call()
 
         def on_delta(text: str) -> None:
+            self.lease.streamed_text()  # the progress mark; the lease keeper writes it (runtime/progress.py)
             kept.add(text)  # kept before it is published: a reader's copy never lacks a delta it saw
             hints.publish_delta(self.sid, {"step": step, "text": text})
 

@@ -13,6 +13,9 @@ with an attempt of unknown outcome (tool/unknown) for an operator, and a
 session waiting for an agent slot (agent/waiting) for a slot; none needs a
 worker, so the sweep leaves them alone.
 
+A running turn whose holder is alive but has made no progress for
+TERRET_STALL_SECONDS is reported once (turn/stalled; runtime/progress.py).
+
 An idle session whose input a budget holds (input/held) is offered again,
 so a new UTC day lets a daily budget's held input run.
 
@@ -41,7 +44,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import counters, registry
+from sessions_app.runtime import counters, progress, registry
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -140,6 +143,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("offering owed follow-ups", owed),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
+        ("reporting stalled turns", progress.report_stalls),
         ("counting the round", _count_round),
     ]
     for what, part in parts:

@@ -63,8 +63,8 @@ class TurnState:
                 st.attempts = 0
                 if e.data["step"] == st.open_step:
                     st.open_step = None
-            elif e.kind in ("turn/stalled", "turn/blocked"):
-                st.attempts += 1
+            elif e.kind == "turn/blocked" or (e.kind == "turn/stalled" and "attempt" in e.data):
+                st.attempts += 1  # a stall of no progress ({since, phase}) is no failed attempt
                 if e.data.get("code") == CONTEXT_OVERFLOW:
                     st.refused_step = st.open_step
             elif e.kind == "approval/requested":
@@ -110,7 +110,8 @@ class TurnState:
             return True  # refused as too long: a refusal is not billed
         start = next((e.seq for e in self.events if e.kind == "step/start" and e.data["step"] == step), 0)
         return any(
-            (e.kind == "usage/recorded" and e.data.get("step") == step) or (e.kind == "turn/stalled" and e.seq > start)
+            (e.kind == "usage/recorded" and e.data.get("step") == step)
+            or (e.kind == "turn/stalled" and "attempt" in e.data and e.seq > start)
             for e in self.events
         )
 

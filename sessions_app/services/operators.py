@@ -6,6 +6,9 @@ transaction (do), records itself in the operators' log (OperatorAction, with
 actor and reason) and, for a session, as an event in the session's log; the
 wake-ups go out on commit. The console (page, API, admin) calls only these.
 Who may: staff, checked by the interfaces (permissions.is_operator).
+
+`turn_progress` (a running turn's progress, runtime/progress.py) is
+re-exported for the interfaces, which do not import the runtime.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
-from sessions_app.log.reads import turn_events
+from sessions_app.log.reads import stalled_since, turn_events
 from sessions_app.models import AgentProfile, Event, OperatorAction, Session, Suspension
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
+from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
 from sessions_app.services import inputs, schedules
 
@@ -258,4 +262,14 @@ def attention() -> dict[str, list[Item]]:
         "last_event_at",
         lambda s: {"pending": s.unknown_effects},
     )
+    out["stalled"] = [
+        _stalled_item(s) for s in sessions.filter(STALL_STANDS).order_by("last_event_at")[:ATTENTION_LIMIT]
+    ]
     return out
+
+
+def _stalled_item(session: Session) -> Item:
+    """A running turn with no progress for TERRET_STALL_SECONDS (its
+    turn/stalled stands): since when, and what it was doing."""
+    shown = turn_progress(session)
+    return Item("stalled", str(session.id), session.title or str(session.id), stalled_since(session), shown.as_json())

@@ -121,6 +121,7 @@ class SessionConsumer(Follower):
             "blocked": state["blocked"],
             "waiting": state["waiting"],
             "unknown_effects": state["unknown_effects"],
+            "stalled_since": state["stalled_since"],
             "budget": state.get("budget"),
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],

@@ -36,6 +36,7 @@ SECTIONS = [
     ("approvals", "Parked approvals", "Calls waiting for a reviewer, oldest first."),
     ("expired_leases", "Expired leases", "Open turns no live worker holds."),
     ("unknown_effects", "Effects of unknown outcome", "Attempts waiting for an operator's answer."),
+    ("stalled", "Stalled", "Running turns with no progress (no event, no streamed text) for a while."),
 ]
 
 

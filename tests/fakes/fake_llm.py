@@ -80,6 +80,10 @@ class Reply:
       len(chunks_for(reply)) or more: after the last, instead of [DONE]), send
       only `: OPENROUTER PROCESSING` comments, one every KEEPALIVE_INTERVAL
       seconds, until the client hangs up or the server stops.
+    keepalive_until: an Event: after `keepalive_after` data chunks, send only
+      `: keep-alive` comments, one every KEEPALIVE_INTERVAL seconds, until it
+      is set; then the stream goes on (a provider that trickles keep-alives
+      and then resumes).
     piece_size: send the text in pieces of this many characters instead of one
       word per chunk (texts over BIG_TEXT characters use BIG_PIECE by default).
     echo_key: an error reply's message ends with the Authorization header the
@@ -108,6 +112,7 @@ class Reply:
     stream_error: tuple[int | str | None, str] | None = None
     keepalive_forever: bool = False
     keepalive_after: int = 0
+    keepalive_until: threading.Event | None = None
     piece_size: int | None = None
     echo_key: bool = False
     error_body: dict[str, Any] | None = None
@@ -373,6 +378,8 @@ class _Handler(BaseHTTPRequestHandler):
         for n, chunk in enumerate(chunks):
             if reply.keepalive_forever and n == reply.keepalive_after:
                 self._keep_alive_forever()
+            if reply.keepalive_until is not None and n == reply.keepalive_after:
+                self._keep_alive_until(reply.keepalive_until)
             self._before_chunk(reply, n)
             self._write_chunk(_sse({**base, "created": int(time.time()), **chunk}, reply.multiline))
             if chunk.get("usage"):
@@ -389,6 +396,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(": OPENROUTER PROCESSING\n\n")  # raises OSError once the client is gone
             fake._count_keepalive()
         raise _Aborted
+
+    def _keep_alive_until(self, resume: threading.Event) -> None:
+        fake = self.server.fake
+        while not resume.wait(KEEPALIVE_INTERVAL):
+            if fake._stopped.is_set():
+                raise _Aborted
+            self._write_chunk(": keep-alive\n\n")  # raises OSError once the client is gone
+            fake._count_keepalive()
 
     def _before_chunk(self, reply: Reply, n: int) -> None:
         stopped = self.server.fake._stopped

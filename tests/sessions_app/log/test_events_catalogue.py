@@ -169,7 +169,11 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"agent_id": "a", "reason": "operator", "by": "ops"},
     ],
     "agent/waiting": [{"reason": "full"}, {"reason": "full", "live": 8}],
-    "turn/stalled": [{"attempt": 1, "error": "HTTP 503", "retry_in": 40.0}],
+    "turn/stalled": [
+        {"attempt": 1, "error": "HTTP 503", "retry_in": 40.0},
+        {"since": "2026-12-05T07:00:00+00:00", "phase": "model"},
+        {"since": "2026-12-05T07:00:00+00:00", "phase": "tool"},
+    ],
     "turn/blocked": [
         {"reason": "model call failed", "attempts": 5},
         {"reason": "model call failed", "attempts": 5, "code": "retries_exhausted"},
@@ -276,7 +280,14 @@ INVALID: dict[str, list[Any]] = {
     ],
     "agent/disposed": [{}, {"agent_id": ""}, {"agent_id": "a", "reason": "bored"}],
     "agent/waiting": [{}, {"reason": "x", "live": -1}],
-    "turn/stalled": [{"attempt": 0, "error": "e", "retry_in": 1}, {"attempt": 1}],
+    "turn/stalled": [
+        {"attempt": 0, "error": "e", "retry_in": 1},
+        {"attempt": 1},
+        {"since": "2026-12-05T07:00:00+00:00"},
+        {"since": "", "phase": "model"},
+        {"since": "2026-12-05T07:00:00+00:00", "phase": "lunch"},
+        {"attempt": 1, "error": "e", "retry_in": 1, "since": "2026-12-05T07:00:00+00:00", "phase": "model"},
+    ],
     "turn/blocked": [{"reason": "r"}, {"attempts": 1}, {"reason": "r", "attempts": 1, "code": "overflow"}],
     "turn/retry_requested": [{"by": 1}],
     "session/forked": [

@@ -146,6 +146,7 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "min_schedule_seconds": "60",
         "schedule_pause_after": "3",
         "summarizer": "role",
+        "on_stall": "report",
         "system_prompt": "",
         "created_at": "2026-01-01 10:00:00",  # the form's own widget; the admin splits it in two
         "created_at_0": "2026-01-01",
@@ -269,3 +270,10 @@ def test_the_session_list_shows_blocked(staff: Client, agents: dict[str, Agent])
     assert [s.id for s in only.context["cl"].result_list] == [busy]
     idle = staff.get(url + "?status=idle")
     assert [s.id for s in idle.context["cl"].result_list] == [agents["idle"].session_id]
+
+
+def test_on_stall_is_report_or_cancel() -> None:
+    assert AgentProfileForm(data=form_data(on_stall="cancel")).is_valid()
+    form = AgentProfileForm(data=form_data(on_stall="restart"))
+    assert not form.is_valid()
+    assert list(form.errors) == ["on_stall"]

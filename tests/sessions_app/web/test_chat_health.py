@@ -102,10 +102,12 @@ def test_a_partial_reply_is_marked_stopped_and_a_failed_turn_shows_its_error(cha
 def test_stalls_and_retries_are_shown(chat: Session) -> None:
     log.append(chat.id, "turn/start", {})
     log.append(chat.id, "turn/stalled", {"attempt": 2, "error": "503 upstream", "retry_in": 4.0})
+    log.append(chat.id, "turn/stalled", {"since": "2026-12-05T07:00:00+00:00", "phase": "model"})
     log.append(chat.id, "turn/blocked", {"reason": "503 upstream", "attempts": 3})
     log.append(chat.id, "turn/retry_requested", {"by": "owner"})
     html = page(client_for(chat.owner), chat)
     assert "Attempt 2 failed: 503 upstream · retrying in 4 s" in html
+    assert "No progress since 2026-12-05T07:00:00+00:00 (phase: model)" in html
     assert "Retry requested by owner" in html
     assert 'data-status="running"' in facts(html)  # the retry cleared the block
 
