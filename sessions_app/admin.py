@@ -84,6 +84,10 @@ class AgentProfileForm(ProfileChecks):
             "mcp_servers",
             "allow_floor",
             "approvals",
+            "approval_deadline_s",
+            "remind_every_s",
+            "escalate_to",
+            "on_expiry",
             "compaction_budget",
             "context_windows",
             "image_roles",
@@ -106,6 +110,8 @@ class AgentProfileForm(ProfileChecks):
             "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit).",
             "daily_steps": "Model steps per UTC day (blank: no limit).",
             "daily_turns": "Turns per UTC day (blank: no limit).",
+            "on_expiry": "When a request's deadline passes: deny the call (the model is told it expired), or "
+            "leave it parked and escalate it.",
         }
 
     def clean(self) -> dict[str, Any]:
