@@ -18,7 +18,7 @@ from sessions_app.runtime.drive import drive
 from sessions_app.services import operators
 from tests.approvals_app.conftest import events, kinds
 from tests.fakes.fake_llm import Reply
-from tests.helpers import wait_for
+from tests.helpers import client_for, wait_for
 
 WRITE_A = ("workspace.write", {"path": "a.txt", "content": "hello"})
 
@@ -83,6 +83,8 @@ class TestInTheLoop:
         session.refresh_from_db()
         assert session.status == "waiting_approval" and session.pending_approvals == 1
         assert len(fake_llm.requests) == 1  # the model was not asked again, only the reviewers
+        page = client_for(session.owner).get(f"/sessions/{session.id}/").content.decode()
+        assert "The approval by first no longer stands (reviewer_inactive)" in page
 
         approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("second"))
         assert drive(session.id) == "ended"

@@ -216,6 +216,8 @@ def test_the_loop_asks_with_the_clock_and_goes_on_with_the_expiry(
     assert result["is_error"] is True and result["content"] == f"denied: {EXPIRED_TEXT}"
     assert fake_llm.requests[1]["messages"][-1]["content"] == f"denied: {EXPIRED_TEXT}"
     assert not (tmp_path / session.id.hex / "a.txt").exists()
+    page = client_for(session.owner).get(f"/sessions/{session.id}/").content.decode()
+    assert "No verdict within 5 s: the request expired and the call was not run" in page
     with pytest.raises(ApprovalExpired):  # the turn has ended: still told why, not just "turn closed"
         approvals.decide(session.id, call.call_id, "approve", user=reviewer)
 
