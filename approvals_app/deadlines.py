@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from approvals_app.selectors import ApprovalRecord, approval_records, open_turn_approvals
@@ -31,12 +31,18 @@ from sessions_app import log
 from sessions_app.models import Event, Session
 from sessions_app.runtime import dispatch
 
-# A tick reads at most this many sessions' clocked requests (the rest wait a tick).
-TICK_SESSION_CAP = 200
+# A tick reads at most this many sessions (a bound; the per-process next-due
+# memory, `_next`, keeps the work to the sessions that have something due).
+TICK_SESSION_CAP = 10_000
 # The clock thread polls faster (TERRET_SCHEDULE_POLL_SECONDS) than deadlines
 # in whole seconds need: each process reads the requests about once a second.
 EVERY_SECONDS = 1.0
 _last = -EVERY_SECONDS
+# Per process: session id -> (its head when read, when its clock next has
+# something due). An optimization only: a session whose head moved (a new
+# request, a verdict, another worker's clock event) is read again.
+_next: dict[uuid.UUID, tuple[int, datetime]] = {}
+FAR = datetime.max.replace(tzinfo=UTC)
 
 Move = tuple[str, dict[str, Any]]
 
@@ -65,6 +71,20 @@ def due(record: ApprovalRecord, requested_at: datetime, now: datetime) -> list[M
     return moves
 
 
+def next_due(record: ApprovalRecord, requested_at: datetime) -> datetime | None:
+    """When the clock next has something to append for this request, as it
+    stands (None: never, unless something happens to it)."""
+    clock = record.deadline
+    if clock is None or not record.open:
+        return None
+    times = []
+    if clock.get("deadline_s") is not None and not record.expired:
+        times.append(requested_at + timedelta(seconds=clock["deadline_s"]))
+    if clock.get("remind_every_s"):
+        times.append(requested_at + timedelta(seconds=clock["remind_every_s"] * (record.reminded + 1)))
+    return min(times, default=None)
+
+
 def clock() -> int:
     """The clock thread's hook: `tick`, at most once every EVERY_SECONDS."""
     global _last
@@ -78,45 +98,56 @@ def tick(now: datetime | None = None) -> int:
     """Append what is due across the sessions waiting on a clocked request;
     returns how many events were appended."""
     at = now or timezone.now()
-    clocked = (
-        Event.objects.filter(
-            session__pending_approvals__gt=0,
-            session__open_turn_seq__isnull=False,
-            kind="approval/requested",
-            seq__gte=F("session__open_turn_seq"),
-            data__has_key="deadline",
-        )
-        .values_list("session_id", flat=True)
-        .distinct()
+    # From the sessions waiting on a reviewer (a partial index), those whose
+    # open turn holds a request on a clock (one indexed probe each).
+    clocked_request = Event.objects.filter(
+        session_id=OuterRef("pk"),
+        kind="approval/requested",
+        seq__gte=OuterRef("open_turn_seq"),
+        data__has_key="deadline",
     )
+    waiting = Session.objects.filter(pending_approvals__gt=0, open_turn_seq__isnull=False)
+    clocked = list(waiting.filter(Exists(clocked_request)).values_list("id", "last_seq")[:TICK_SESSION_CAP])
+    for sid in set(_next) - {sid for sid, _ in clocked}:
+        del _next[sid]
     appended = 0
-    for sid in list(clocked[:TICK_SESSION_CAP]):
-        if _moves(sid, at):
+    for sid, head in clocked:
+        known = _next.get(sid)
+        if known is not None and known[0] == head and known[1] > at:
+            continue  # nothing due yet, and nothing happened since it was read
+        moves, upcoming = _plan(sid, at)
+        if moves:
+            _next.pop(sid, None)
             appended += _apply(sid, at)
+        else:
+            _next[sid] = (head, upcoming or FAR)
     return appended
 
 
-def _moves(sid: uuid.UUID, at: datetime, turn_seq: int | None = None) -> list[Move]:
-    """What is due in the session's open turn (read without the lock unless
-    `turn_seq` comes from a locked row)."""
+def _plan(sid: uuid.UUID, at: datetime, turn_seq: int | None = None) -> tuple[list[Move], datetime | None]:
+    """What is due in the session's open turn, and when the next thing after
+    that is (read without the lock unless `turn_seq` comes from a locked row)."""
     if turn_seq is None:
         turn_seq = Session.objects.filter(id=sid).values_list("open_turn_seq", flat=True).first()
         if turn_seq is None:
-            return []
+            return [], None
     records = [r for r in approval_records(open_turn_approvals(sid, turn_seq)) if r.open and r.deadline]
     if not records:
-        return []
+        return [], None
     stamps = dict(
         Event.objects.filter(session_id=sid, seq__in=[r.seq for r in records]).values_list("seq", "created_at")
     )
-    return [move for r in records if r.seq in stamps for move in due(r, stamps[r.seq], at)]
+    clocked = [(r, stamps[r.seq]) for r in records if r.seq in stamps]
+    moves = [move for r, asked in clocked for move in due(r, asked, at)]
+    upcoming = [when for r, asked in clocked if (when := next_due(r, asked)) is not None]
+    return moves, min(upcoming, default=None)
 
 
 def _apply(sid: uuid.UUID, at: datetime) -> int:
     """Decide again under the row lock, and append."""
     with log.locked(sid) as tx:
         turn_seq = tx.row["open_turn_seq"]
-        moves = _moves(sid, at, turn_seq) if turn_seq is not None else []
+        moves = _plan(sid, at, turn_seq)[0] if turn_seq is not None else []
         for kind, data in moves:
             tx.append(kind, data)
         if any(kind == "approval/expired" and data["on_expiry"] == "deny" for kind, data in moves):

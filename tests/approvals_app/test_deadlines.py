@@ -91,6 +91,15 @@ def test_reminders_once_per_interval_and_no_burst_after_downtime() -> None:
     assert [d["n"] for _, d in deadlines.due(record(plain, reminded=1), T0, after(660))] == [11]
 
 
+def test_next_due_is_the_deadline_or_the_next_reminder() -> None:
+    assert deadlines.next_due(record(None), T0) is None
+    assert deadlines.next_due(record(clock(5, remind=2)), T0) == after(2)
+    assert deadlines.next_due(record(clock(5, remind=2), reminded=2), T0) == after(5)
+    assert deadlines.next_due(record(clock(5, remind=2, on_expiry="park"), reminded=2, expired=True), T0) == after(6)
+    assert deadlines.next_due(record(clock(5, on_expiry="park"), expired=True, escalated=True), T0) is None
+    assert deadlines.next_due(record(clock(5), verdict=Verdict("deny", "", "rev", 8)), T0) is None
+
+
 # --- where a clock comes from
 
 
@@ -190,6 +199,16 @@ class TestClock:
         assert session.pending_approvals == 1 and [p.seq for p in pending(session.id)] == [seq]
         approvals.decide(session.id, "c1", "approve", user=reviewer)
         assert pending(session.id) == []
+
+    def test_a_session_is_read_again_when_due_or_when_it_moved(self, session: Session, reviewer: Any) -> None:
+        seq = park(session.id, deadline=clock(60))
+        at = requested_at(session, seq)
+        assert deadlines.tick(at + timedelta(seconds=1)) == 0
+        assert deadlines._next[session.id][1] == at + timedelta(seconds=60)  # not read again before then
+        # A new request with a shorter clock moves the head: read again at once.
+        park(session.id, "c2", deadline=clock(2), new_turn=False)
+        assert deadlines.tick(at + timedelta(seconds=3)) == 1
+        assert [e["call_id"] for e in events(session, "approval/expired")] == ["c2"]
 
     def test_no_clock_no_events(self, session: Session) -> None:
         seq = park(session.id)
