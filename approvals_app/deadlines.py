@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from approvals_app.selectors import ApprovalRecord, approval_records, open_turn_approvals
 from sessions_app import log
-from sessions_app.models import Event, Session
+from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import dispatch
 
 # A tick reads at most this many sessions (a bound; the per-process next-due
@@ -38,6 +38,11 @@ TICK_SESSION_CAP = 10_000
 # in whole seconds need: each process reads the requests about once a second.
 EVERY_SECONDS = 1.0
 _last = -EVERY_SECONDS
+# Most ticks look only at the sessions of profiles that set a clock now; every
+# FULL_EVERY_SECONDS one looks at every waiting session, since a request keeps
+# the clock it was asked with when its profile's settings change later.
+FULL_EVERY_SECONDS = 60.0
+_last_full = -FULL_EVERY_SECONDS
 # Per process: session id -> (its head when read, when its clock next has
 # something due). An optimization only: a session whose head moved (a new
 # request, a verdict, another worker's clock event) is read again.
@@ -87,16 +92,35 @@ def next_due(record: ApprovalRecord, requested_at: datetime) -> datetime | None:
 
 def clock() -> int:
     """The clock thread's hook: `tick`, at most once every EVERY_SECONDS."""
-    global _last
-    if time.monotonic() - _last < EVERY_SECONDS:
+    global _last, _last_full
+    started = time.monotonic()
+    if started - _last < EVERY_SECONDS:
         return 0
-    _last = time.monotonic()
-    return tick()
+    _last = started
+    full = started - _last_full >= FULL_EVERY_SECONDS
+    if full:
+        _last_full = started
+    return tick(full=full)
 
 
-def tick(now: datetime | None = None) -> int:
-    """Append what is due across the sessions waiting on a clocked request;
-    returns how many events were appended."""
+def clocked_profiles() -> list[int]:
+    """The profiles that set a clock now: a deadline or reminders of their
+    own, or a tool's (a small table, read whole)."""
+    rows = AgentProfile.objects.values_list("id", "approval_deadline_s", "remind_every_s", "approvals")
+    return [pk for pk, deadline, remind, tools in rows if deadline or remind or _tool_clock(tools)]
+
+
+def _tool_clock(approvals: Any) -> bool:
+    return isinstance(approvals, dict) and any(
+        isinstance(own, dict) and (own.get("approval_deadline_s") or own.get("remind_every_s"))
+        for own in approvals.values()
+    )
+
+
+def tick(now: datetime | None = None, *, full: bool = True) -> int:
+    """Append what is due across the sessions waiting on a clocked request
+    (not `full`: only those of profiles that set a clock now); returns how
+    many events were appended."""
     at = now or timezone.now()
     # From the sessions waiting on a reviewer (a partial index), those whose
     # open turn holds a request on a clock (one indexed probe each).
@@ -107,6 +131,11 @@ def tick(now: datetime | None = None) -> int:
         data__has_key="deadline",
     )
     waiting = Session.objects.filter(pending_approvals__gt=0, open_turn_seq__isnull=False)
+    if not full:
+        profiles = clocked_profiles()
+        if not profiles:
+            return 0
+        waiting = waiting.filter(profile_id__in=profiles)
     clocked = list(waiting.filter(Exists(clocked_request)).values_list("id", "last_seq")[:TICK_SESSION_CAP])
     for sid in set(_next) - {sid for sid, _ in clocked}:
         del _next[sid]
