@@ -38,6 +38,8 @@ APPROVAL_KINDS = (
     "approval/escalated",
     "approval/expired",
 )
+# The events that name their request by seq (request_seq).
+LATER_KINDS = APPROVAL_KINDS[2:]
 # The reviewer's queue reads at most this many waiting sessions, oldest
 # activity first, and shows at most QUEUE_ITEM_CAP calls.
 QUEUE_SESSION_CAP = 200
@@ -130,16 +132,13 @@ def approval_records(events: list[LoggedEvent]) -> list[ApprovalRecord]:
                     e.data.get("edited_args"),
                     e.data.get("grounds"),
                 )
-        elif e.kind in CLOCK_KINDS and e.data.get("request_seq") in by_seq:
-            _clock_event(by_seq[e.data["request_seq"]], e, unsettled)
+        elif e.kind in LATER_KINDS and e.data.get("request_seq") in by_seq:
+            _later_event(by_seq[e.data["request_seq"]], e, unsettled)
     return records
 
 
-CLOCK_KINDS = ("approval/voided", "approval/reminded", "approval/escalated", "approval/expired")
-
-
-def _clock_event(record: ApprovalRecord, e: LoggedEvent, unsettled: dict[str, ApprovalRecord]) -> None:
-    """Fold one of the request's later events in (approval/voided, and the clock's)."""
+def _later_event(record: ApprovalRecord, e: LoggedEvent, unsettled: dict[str, ApprovalRecord]) -> None:
+    """Fold in an event that names the request by seq (approval/voided, and the clock's)."""
     if e.kind == "approval/voided":
         record.voided = e.data["reason"]
     elif e.kind == "approval/reminded":
