@@ -11,6 +11,6 @@ from sessions_app.log import AppendedEvent, hints, on_event
 GROUP = "approvals"
 
 
-@on_event("approval/requested", "approval/resolved")
+@on_event("approval/requested", "approval/resolved", "approval/expired")  # an expiry that denies leaves the queue
 def publish_queue_hint(event: AppendedEvent) -> None:
     hints.publisher.message(GROUP, {"type": "approvals.changed", "session": str(event.session_id), "seq": event.seq})

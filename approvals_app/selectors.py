@@ -10,6 +10,10 @@ Pairing: an approval/resolved settles the latest unsettled request for its
 call id that precedes it. A request asked again for the same call id while an
 earlier one is still unsettled supersedes the earlier one (which then no
 longer counts as pending); the loop never does that, but the log decides.
+
+The approval clock's events name their request by seq: approval/expired with
+on_expiry `deny` settles it as an expiry (never as a human's denial), with
+`park` leaves it open; approval/reminded and approval/escalated only count.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from sessions_app.log.reads import LoggedEvent
 from sessions_app.models import Event, Session
 from sessions_app.permissions import is_reviewer, visible_sessions
 
-APPROVAL_KINDS = ("approval/requested", "approval/resolved")
+APPROVAL_KINDS = (
+    "approval/requested",
+    "approval/resolved",
+    "approval/voided",
+    "approval/reminded",
+    "approval/escalated",
+    "approval/expired",
+)
+# The events that name their request by seq (request_seq).
+LATER_KINDS = APPROVAL_KINDS[2:]
 # The reviewer's queue reads at most this many waiting sessions, oldest
 # activity first, and shows at most QUEUE_ITEM_CAP calls.
 QUEUE_SESSION_CAP = 200
@@ -52,6 +65,10 @@ class Verdict:
     seq: int = 0
     # approve: the arguments the reviewer approved instead of the model's (None: as asked).
     edited_args: dict[str, Any] | None = None
+    # A reviewer's: what their authority rested on (sessions_app/permissions.py grounds_of).
+    grounds: dict[str, Any] | None = None
+    # Not a human's: the request's deadline passed (approval/expired, on_expiry deny).
+    expired: bool = False
 
 
 @dataclass
@@ -64,6 +81,15 @@ class ApprovalRecord:
     args: dict[str, Any]
     verdict: Verdict | None = None
     superseded: bool = False
+    # The clock the request runs on (approval/requested's `deadline`; None: no clock).
+    deadline: dict[str, Any] | None = None
+    # The n of its latest approval/reminded (how many intervals it had waited then).
+    reminded: int = 0
+    escalated: bool = False
+    # approval/expired with on_expiry park: past its deadline, still open.
+    expired: bool = False
+    # approval/voided: why its approval no longer stood.
+    voided: str | None = None
 
     @property
     def open(self) -> bool:
@@ -84,21 +110,47 @@ def approval_records(events: list[LoggedEvent]) -> list[ApprovalRecord]:
     """Every request in `events` (one turn) paired with its verdict, in seq order."""
     records: list[ApprovalRecord] = []
     unsettled: dict[str, ApprovalRecord] = {}
+    by_seq: dict[int, ApprovalRecord] = {}
     for e in events:
         if e.kind == "approval/requested":
             earlier = unsettled.get(e.data["call_id"])
             if earlier is not None:
                 earlier.superseded = True
-            record = ApprovalRecord(e.seq, e.data["call_id"], e.data["name"], e.data["args"])
-            unsettled[record.call_id] = record
+            record = ApprovalRecord(
+                e.seq, e.data["call_id"], e.data["name"], e.data["args"], deadline=e.data.get("deadline")
+            )
+            unsettled[record.call_id] = by_seq[e.seq] = record
             records.append(record)
         elif e.kind == "approval/resolved":
             settled = unsettled.pop(e.data["call_id"], None)
             if settled is not None:
                 settled.verdict = Verdict(
-                    e.data["verdict"], e.data.get("reason", ""), e.data.get("by", ""), e.seq, e.data.get("edited_args")
+                    e.data["verdict"],
+                    e.data.get("reason", ""),
+                    e.data.get("by", ""),
+                    e.seq,
+                    e.data.get("edited_args"),
+                    e.data.get("grounds"),
                 )
+        elif e.kind in LATER_KINDS and e.data.get("request_seq") in by_seq:
+            _later_event(by_seq[e.data["request_seq"]], e, unsettled)
     return records
+
+
+def _later_event(record: ApprovalRecord, e: LoggedEvent, unsettled: dict[str, ApprovalRecord]) -> None:
+    """Fold in an event that names the request by seq (approval/voided, and the clock's)."""
+    if e.kind == "approval/voided":
+        record.voided = e.data["reason"]
+    elif e.kind == "approval/reminded":
+        record.reminded = max(record.reminded, e.data["n"])
+    elif e.kind == "approval/escalated":
+        record.escalated = True
+    elif record.open:  # approval/expired
+        record.expired = True
+        if e.data["on_expiry"] == "deny":
+            unsettled.pop(record.call_id, None)
+            reason = f"the request for approval expired: no verdict within {e.data['deadline_s']} s"
+            record.verdict = Verdict("deny", reason, "", e.seq, expired=True)
 
 
 def pending_from_events(events: list[LoggedEvent]) -> list[PendingCall]:

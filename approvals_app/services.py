@@ -22,10 +22,18 @@ from django.conf import settings
 from approvals_app.selectors import ApprovalRecord, approval_records, canonical, open_turn_approvals
 from policies_app.services import allow_without_approval
 from sessions_app import log
-from sessions_app.errors import AlreadyDecided, InvalidInput, NotAllowed, TurnClosed, UnknownCall, UnknownSession
+from sessions_app.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    InvalidInput,
+    NotAllowed,
+    TurnClosed,
+    UnknownCall,
+    UnknownSession,
+)
 from sessions_app.log import AppendedEvent
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.permissions import can_approve, is_reviewer
+from sessions_app.permissions import can_approve, grounds_of, is_reviewer
 from sessions_app.runtime import dispatch
 from sessions_app.tools.registry import registry_for_profile
 from sessions_app.validation import clean_text, int_in_column
@@ -126,8 +134,9 @@ def decide(
     (an edit equal to the model's arguments is no edit). `allow_for_session`
     (approve only) also lets this tool run without asking for the rest of the
     session (a policy/updated in the same transaction). Raises InvalidInput,
-    NotAllowed, UnknownSession, UnknownCall, TurnClosed or AlreadyDecided,
-    appending nothing. On success appends approval/resolved (after the policy
+    NotAllowed, UnknownSession, UnknownCall, TurnClosed, AlreadyDecided or
+    ApprovalExpired (the request's deadline passed and denied it), appending
+    nothing. On success appends approval/resolved (after the policy
     change, if any) and wakes a worker once it commits.
     """
     sid = check_session_id(session_id)
@@ -157,14 +166,18 @@ def decide(
         record = _waiting_request(tx, call_id, seq)
         if checked is not None and record.seq != checked.seq:
             raise AlreadyDecided(f"call {call_id} was asked again meanwhile; review the newer request")
+        policy_seq = tx.row["policy_seq"]
         if allow_for_session:
             allow_without_approval(tx, record.name, by=by)
+            policy_seq = next((e.seq for e in reversed(tx.appended) if e.kind == "policy/updated"), policy_seq)
         data: dict[str, Any] = {"call_id": call_id, "verdict": verdict}
         if reason:
             data["reason"] = reason
         if edited is not None:
             data["edited_args"] = edited
         data["by"] = by
+        # What the verdict rests on: the gate checks it again before the call runs.
+        data["grounds"] = {**grounds_of(user), "policy_seq": policy_seq}
         event = tx.append("approval/resolved", data)
         dispatch.wake(sid)  # after commit: a worker resumes the turn
     return event
@@ -226,17 +239,26 @@ def _waiting_request(tx: log.SessionTx, call_id: str, request_seq: int | None) -
     settled = records[-1].verdict
     if settled is None:  # superseded by a later request for the same call id
         raise AlreadyDecided(f"call {call_id} was asked again; decide the newer request")
+    if settled.expired:
+        raise ApprovalExpired(f"call {call_id} was not decided in time: {settled.reason}")
     who = f" by {settled.by}" if settled.by else ""
     raise AlreadyDecided(f"call {call_id} was already decided ({settled.verdict}{who})")
 
 
 def _missing(sid: uuid.UUID, call_id: str, request_seq: int | None, turn_seq: int | None) -> Exception:
-    """TurnClosed when the call was asked in a turn that has ended, else UnknownCall."""
+    """TurnClosed when the call was asked in a turn that has ended (ApprovalExpired
+    when its request expired unanswered), else UnknownCall."""
     earlier = Event.objects.filter(session_id=sid, kind="approval/requested", data__call_id=call_id)
     if request_seq is not None:
         earlier = earlier.filter(seq=request_seq)
     if turn_seq is not None:
         earlier = earlier.filter(seq__lt=turn_seq)
-    if earlier.exists():
+    last = earlier.order_by("-seq").values_list("seq", flat=True).first()
+    if last is not None:
+        expired = Event.objects.filter(
+            session_id=sid, kind="approval/expired", data__request_seq=last, data__on_expiry="deny"
+        ).exists()
+        if expired:  # its expiry denied it, and the turn went on without it
+            return ApprovalExpired(f"call {call_id} was not decided in time: its request expired")
         return TurnClosed(f"call {call_id} belongs to a turn that has ended")
     return UnknownCall(f"no approval was requested for call {call_id} in the open turn")

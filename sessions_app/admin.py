@@ -84,6 +84,10 @@ class AgentProfileForm(ProfileChecks):
             "mcp_servers",
             "allow_floor",
             "approvals",
+            "approval_deadline_s",
+            "remind_every_s",
+            "escalate_to",
+            "on_expiry",
             "compaction_budget",
             "context_windows",
             "image_roles",
@@ -109,6 +113,8 @@ class AgentProfileForm(ProfileChecks):
             "daily_turns": "Turns per UTC day (blank: no limit).",
             "on_stall": "What happens to a running turn with no progress for TERRET_STALL_SECONDS: reported "
             "(turn/stalled, /ops/), or reported and cancelled.",
+            "on_expiry": "When a request's deadline passes: deny the call (the model is told it expired), or "
+            "leave it parked and escalate it.",
         }
 
     def clean(self) -> dict[str, Any]:

@@ -159,6 +159,14 @@ class AlreadyDecided(TerretError):
     status = 409
 
 
+class ApprovalExpired(TerretError):
+    """The request's approval deadline passed and its expiry denied the call
+    (approval/expired): a verdict now comes too late. Nothing was appended."""
+
+    code = "approval_expired"
+    status = 409
+
+
 # -- operators
 
 

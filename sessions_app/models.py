@@ -24,6 +24,7 @@ class AgentProfile(models.Model):
     """An admin-managed template that live agents are spawned from."""
 
     SUMMARIZER_CHOICES = [("role", "Compactor model role"), ("morph", "Morph Compact API")]
+    ON_EXPIRY_CHOICES = [("deny", "Deny the call"), ("park", "Stay parked, escalated")]
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.TextField(blank=True)
@@ -36,9 +37,29 @@ class AgentProfile(models.Model):
     allow_floor = models.JSONField(
         default=list, blank=True, help_text="Allow-list glob patterns in force until a session updates its policy"
     )
-    # {"tool.name": "never" | "policy" | "always"} overriding each tool's default
+    # {"tool.name": "never" | "policy" | "always"} overriding each tool's default,
+    # or {"tool.name": {"mode": ..., "approval_deadline_s": ..., "remind_every_s": ...,
+    # "escalate_to": "<group>", "on_expiry": ...}} with the tool's own deadline settings
     approvals = models.JSONField(default=dict, blank=True)
     compaction_budget = models.PositiveIntegerField(default=100_000)
+    # Approval deadlines, opt-in (approvals_app/deadlines.py): none by default,
+    # so a parked call waits for a human as long as it takes (seed 000). A
+    # tool's entry in `approvals` may be an object with its own settings.
+    approval_deadline_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds a request for approval waits for a verdict (blank: no deadline)"
+    )
+    remind_every_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Remind the reviewers every this many seconds while a request waits"
+    )
+    escalate_to = models.ForeignKey(
+        "auth.Group",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The group a request is escalated to when its deadline passes and it stays parked",
+    )
+    on_expiry = models.CharField(max_length=8, choices=ON_EXPIRY_CHOICES, default="deny")
     # {"main": 128000, "compactor": 32000}: the context window, in tokens, of a
     # role's model; a role left out has none declared (one may be learned from
     # a provider's context-length error: ModelWindow).

@@ -2,7 +2,9 @@
 
 - view: the owner, staff, and reviewers (users with approvals_app.decide_approval)
 - drive (chat, inject, cancel, set the policy or a model, compact): the owner and staff
-- approve/deny: reviewers (the permission) who may view the session
+- approve/deny: reviewers (the permission) who may view the session; a
+  verdict records its grounds (`grounds_of`), and an approval runs only
+  while its reviewer still holds them (`lapsed`)
 - operators' actions (services/operators.py: suspend, resume, retry,
   abandon, revoke, restore): active staff
 - resolve an effect of unknown outcome (re-run it, mark it done or failed):
@@ -20,6 +22,53 @@ APPROVE_PERM = "approvals_app.decide_approval"
 
 def is_reviewer(user: Any) -> bool:
     return bool(user and user.is_authenticated and user.has_perm(APPROVE_PERM))
+
+
+def grounds_of(user: Any) -> dict[str, Any]:
+    """What a reviewer's right to decide rests on, as a verdict records it:
+    "staff" (a superuser, or staff holding the permission), "reviewers" (a
+    group that grants the permission, named in `group`), or "permission"
+    (granted to the account itself)."""
+    group = None if user.is_superuser else _granting_group(user)
+    if group is not None:
+        return {"as": "reviewers", "group": group, "user_id": user.pk}
+    return {"as": "staff" if user.is_staff or user.is_superuser else "permission", "user_id": user.pk}
+
+
+def lapsed(grounds: Any, user: Any) -> str | None:
+    """Why a verdict given on `grounds` no longer stands for `user` (None if
+    it does): the account is gone or inactive, or it lost those grounds."""
+    if user is None:
+        return "reviewer_deleted"
+    if not user.is_active:
+        return "reviewer_inactive"
+    basis = grounds.get("as") if isinstance(grounds, dict) else None
+    if basis == "reviewers" and not _in_granting_group(user, str(grounds.get("group", ""))):
+        return "reviewer_left_group"
+    if basis == "staff" and not ((user.is_staff or user.is_superuser) and is_reviewer(user)):
+        return "reviewer_not_staff"
+    if not is_reviewer(user):
+        return "reviewer_lost_permission"
+    return None
+
+
+def _granting_group(user: Any) -> str | None:
+    app, codename = APPROVE_PERM.split(".")
+    names = list(
+        user.groups.filter(permissions__content_type__app_label=app, permissions__codename=codename)
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+    return "reviewers" if "reviewers" in names else (names[0] if names else None)
+
+
+def _in_granting_group(user: Any, group: str) -> bool:
+    app, codename = APPROVE_PERM.split(".")
+    return bool(
+        user.groups.filter(
+            name=group, permissions__content_type__app_label=app, permissions__codename=codename
+        ).exists()
+    )
 
 
 def can_view(user: Any, session: Any) -> bool:

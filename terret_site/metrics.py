@@ -37,8 +37,9 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import BigIntegerField, Count, Exists, IntegerField, Min, OuterRef, Q, Subquery, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -137,6 +138,17 @@ class DatabaseCollector(Collector):
             seq__gt=OuterRef("seq"),
             data__call_id=OuterRef("data__call_id"),
         )
+        # An expiry that denied settled its request (approval/expired names it by seq).
+        expired = (
+            Event.objects.filter(
+                session_id=OuterRef("session_id"),
+                kind="approval/expired",
+                seq__gt=OuterRef("seq"),
+                data__on_expiry="deny",
+            )
+            .alias(request_seq=Cast(KT("data__request_seq"), BigIntegerField()))
+            .filter(request_seq=OuterRef("seq"))
+        )
         # Driven from the (few) sessions waiting on a reviewer, one indexed
         # lookup each on (session, kind, seq): never a scan of the events.
         first_open = (
@@ -144,6 +156,7 @@ class DatabaseCollector(Collector):
                 session_id=OuterRef("pk"), kind="approval/requested", seq__gte=OuterRef("open_turn_seq")
             )
             .exclude(Exists(answered))
+            .exclude(Exists(expired))
             .order_by("seq")
             .values("created_at")[:1]
         )

@@ -41,6 +41,7 @@ STATE_KINDS = (
     "tool/result",
     "approval/requested",
     "approval/resolved",
+    "approval/expired",
 )
 
 THREAD_STATUS = {
@@ -247,6 +248,9 @@ class Tracker:
     resulted: set[str] = field(default_factory=set)
     waiting: dict[str, Request] = field(default_factory=dict)  # unsettled approval requests
     cancelling: bool = False
+    # The latest settlement of a request was its expiry (approval/expired, deny):
+    # a resume that comes after it is a late verdict (approval_expired).
+    expired: bool = False
 
     @property
     def current(self) -> Segment | None:
@@ -357,16 +361,29 @@ class Tracker:
     # -- approvals
     def _on_approval_requested(self, e: LoggedEvent) -> Change:
         d = e.data
+        self.expired = False
         self.waiting[str(d["call_id"])] = Request(e.seq, str(d["call_id"]), str(d["name"]), dict(d.get("args") or {}))
         parked = self._park_if_complete(e.seq)
         if parked is None:
             return Change()
         return Change(interrupt=parked.interrupt, ended=parked)
 
+    def _on_approval_expired(self, e: LoggedEvent) -> Change:
+        """An expiry that denies settles the request as a verdict would (one
+        that parks leaves it waiting: the interrupt stays)."""
+        if e.data.get("on_expiry") != "deny" or str(e.data.get("call_id")) not in self.waiting:
+            return Change()
+        change = self._on_approval_resolved(e)
+        self.expired = True
+        return change
+
     def _on_approval_resolved(self, e: LoggedEvent) -> Change:
         call_id = str(e.data.get("call_id"))
-        if self.waiting.pop(call_id, None) is None:
+        request = self.waiting.get(call_id)
+        if request is None or e.data.get("request_seq", request.seq) != request.seq:
             return Change()
+        del self.waiting[call_id]
+        self.expired = False
         if isinstance(e.data.get("edited_args"), dict):
             self._edit_call(call_id, e.data["edited_args"])
         last = self.segments[-1] if self.segments else None

@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 
 from sessions_app import actions
-from sessions_app.errors import InvalidInput, TerretError, UnknownSession
+from sessions_app.errors import ApprovalExpired, InvalidInput, TerretError, UnknownSession
 from sessions_app.lg import mapping
 from sessions_app.log.reads import newest_window
 from sessions_app.log.records import LoggedEvent
@@ -748,6 +748,8 @@ def _resume(user: Any, session: Session, command: Any) -> Started:
     actions.session_for(user, session.id, "approve")
     tv = view(session)
     interrupt = tv.tracker.pending_interrupt()
+    if interrupt is None and tv.tracker.expired:
+        raise ApprovalExpired(f"thread {session.id}: its interrupt expired before a decision came")
     if interrupt is None:
         raise RunNotActive(f"thread {session.id} has no interrupt to resume")
     waiting = sorted(tv.tracker.waiting.values(), key=lambda r: r.seq)

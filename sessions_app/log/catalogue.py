@@ -93,6 +93,28 @@ _HOLD_REASON = {
     ]
 }
 _OPERATOR = _obj({"by": _NONEMPTY, "reason": _STR}, ["by"])
+ON_EXPIRY = ("deny", "park")
+_SECS = {"type": "number", "minimum": 0}
+# The clock a request for approval runs on (approvals_app/deadlines.py).
+_DEADLINE = _obj(
+    {
+        "deadline_s": {"type": ["integer", "null"], "minimum": 1},
+        "remind_every_s": {"type": ["integer", "null"], "minimum": 1},
+        "escalate_to": {"type": ["string", "null"]},
+        "on_expiry": {"enum": list(ON_EXPIRY)},
+    },
+    ["deadline_s", "on_expiry"],
+)
+# What a reviewer's verdict rested on (sessions_app/permissions.py grounds_of).
+_GROUNDS = _obj(
+    {
+        "as": {"enum": ["staff", "reviewers", "permission"]},
+        "group": _NONEMPTY,
+        "user_id": {"type": "integer"},
+        "policy_seq": {"type": ["integer", "null"], "minimum": 1},
+    },
+    ["as", "user_id", "policy_seq"],
+)
 
 
 @dataclass(frozen=True)
@@ -677,9 +699,13 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "approval/requested",
-            _obj({"call_id": _NONEMPTY, "name": _NONEMPTY, "args": {"type": "object"}}, ["call_id", "name", "args"]),
+            _obj(
+                {"call_id": _NONEMPTY, "name": _NONEMPTY, "args": {"type": "object"}, "deadline": _DEADLINE},
+                ["call_id", "name", "args"],
+            ),
             False,
-            "A tool call is parked until a human decides.",
+            "A tool call is parked until a human decides. `deadline` (opt-in, from the profile or the tool's "
+            "approval settings) is the clock the request runs on.",
             lambda d: [("pending_approvals = pending_approvals + 1", [])],
         ),
         Kind(
@@ -692,15 +718,72 @@ CATALOGUE: dict[str, Kind] = {
                     "by": _STR,
                     # approve only: the arguments that run instead of the model's.
                     "edited_args": {"type": "object"},
+                    # A reviewer's verdict: what their authority rested on, and the policy in force.
+                    "grounds": _GROUNDS,
                 },
                 ["call_id", "verdict"],
             ),
             False,
-            "The verdict for a parked call.",
+            "The verdict for a parked call. A reviewer's carries `grounds`: an approval runs only while the "
+            "reviewer still holds them (approval/voided otherwise).",
             lambda d: [
                 ("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", []),
                 ("blocked_seq = NULL", []),
             ],
+        ),
+        Kind(
+            "approval/voided",
+            _obj(
+                {"call_id": _NONEMPTY, "request_seq": _SEQ, "verdict_seq": _SEQ, "reason": _NONEMPTY, "by": _STR},
+                ["call_id", "request_seq", "verdict_seq", "reason"],
+            ),
+            False,
+            "An approval found void when its call was about to run (its reviewer `by` lost the authority it was "
+            "given on, or the session was revoked since): the call did not run and is asked about again (an "
+            "approval/requested follows in the same transaction).",
+        ),
+        Kind(
+            "approval/reminded",
+            _obj(
+                {"call_id": _NONEMPTY, "request_seq": _SEQ, "n": {"type": "integer", "minimum": 1}, "waited_s": _SECS},
+                ["call_id", "request_seq", "n", "waited_s"],
+            ),
+            False,
+            "The approval clock: request `request_seq` still waits for a verdict (the n-th reminder).",
+        ),
+        Kind(
+            "approval/escalated",
+            _obj(
+                {"call_id": _NONEMPTY, "request_seq": _SEQ, "to": {"type": ["string", "null"]}, "waited_s": _SECS},
+                ["call_id", "request_seq", "to", "waited_s"],
+            ),
+            False,
+            "The approval clock: the request's deadline passed and it stays parked; it is escalated to the "
+            "group `to` (null: no group is named).",
+        ),
+        Kind(
+            "approval/expired",
+            _obj(
+                {
+                    "call_id": _NONEMPTY,
+                    "request_seq": _SEQ,
+                    "deadline_s": {"type": "integer", "minimum": 1},
+                    "on_expiry": {"enum": list(ON_EXPIRY)},
+                },
+                ["call_id", "request_seq", "deadline_s", "on_expiry"],
+            ),
+            False,
+            "The approval clock: no verdict came within the deadline. Never a human's denial: with on_expiry "
+            "`deny` it settles the request (the model is told it expired; a later verdict is refused, "
+            "approval_expired); with `park` the request stays open, escalated.",
+            lambda d: (
+                [
+                    ("pending_approvals = CASE WHEN pending_approvals > 0 THEN pending_approvals - 1 ELSE 0 END", []),
+                    ("blocked_seq = NULL", []),
+                ]
+                if d["on_expiry"] == "deny"
+                else []
+            ),
         ),
         Kind(
             "session/titled",

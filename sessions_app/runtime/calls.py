@@ -162,7 +162,7 @@ class ToolCalls:
         )
         if decision.action == "ask":
             self.flush()  # the request's row-lock check must see everything before it
-            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args):
+            if not gate.request(self.sid, self.lease.fence, call.id, call.name, args, decision=decision):
                 # Cancelled meanwhile: asking now would leave a request no one denies.
                 return self.result(call, "cancelled: the turn was cancelled", True)
             self.view.refresh()

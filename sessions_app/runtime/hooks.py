@@ -12,6 +12,9 @@ imports none of them:
 - after_turn hooks run in the worker that ended a turn, after it released
   the lease (titling and the compaction trigger, sessions_app.services);
   a failing one is logged and does not affect the others.
+- clocks run on every worker's clock thread, after its due schedules
+  (runtime/schedules.py): the approval clock (approvals_app.deadlines); a
+  failing one is logged and the thread goes on.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class GateDecision:
     reason: str = ""
     # run: the arguments a reviewer approved in place of the model's (None: the model's own).
     args: dict[str, Any] | None = None
+    # ask: the clock the request runs on (approval/requested's `deadline`; None: none).
+    deadline: dict[str, Any] | None = None
+    # ask: an approval found void, recorded (approval/voided) before asking again.
+    voided: dict[str, Any] | None = None
 
 
 class Gate(Protocol):
@@ -73,7 +80,14 @@ class Gate(Protocol):
     ) -> GateDecision: ...
 
     def request(
-        self, session_id: uuid.UUID, fence: Fence | None, call_id: str, name: str, args: dict[str, Any]
+        self,
+        session_id: uuid.UUID,
+        fence: Fence | None,
+        call_id: str,
+        name: str,
+        args: dict[str, Any],
+        *,
+        decision: GateDecision | None = None,
     ) -> bool: ...
 
 
@@ -112,6 +126,8 @@ pre_step: list[PreStep] = []
 pre_execute: list[PreExecute] = []
 after_turn: list[AfterTurn] = []
 _gate: list[Gate] = []
+# Each returns how many events it appended.
+clocks: list[Callable[[], int]] = []
 _compactor: list[Compactor] = []
 
 
@@ -131,6 +147,20 @@ def register_after_turn(fn: AfterTurn) -> AfterTurn:
     if fn not in after_turn:
         after_turn.append(fn)
     return fn
+
+
+def register_clock(fn: Callable[[], int]) -> Callable[[], int]:
+    if fn not in clocks:
+        clocks.append(fn)
+    return fn
+
+
+def run_clocks() -> None:
+    for fn in list(clocks):
+        try:
+            fn()
+        except Exception:
+            logger.exception("clock hook %s failed", fn)
 
 
 def register_gate(gate: Gate) -> None:

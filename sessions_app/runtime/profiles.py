@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from sessions_app.log.catalogue import MODEL_ROLES
+from django.contrib.auth.models import Group
+
+from sessions_app.log.catalogue import MODEL_ROLES, ON_EXPIRY
 from sessions_app.tools.base import Approval
 from sessions_app.tools.registry import builtin_name_problems, is_builtin
 
@@ -122,13 +124,18 @@ def _server_names(servers: Any) -> set[str]:
 
 def _approvals(approvals: Any, builtin_tools: Any, mcp_servers: Any) -> list[str]:
     if not isinstance(approvals, dict):
-        return ['must be an object mapping a tool name to never, policy or always, e.g. {"workspace.write": "always"}']
+        return [
+            "must be an object mapping a tool name to never, policy or always, or to the tool's own approval "
+            'settings, e.g. {"workspace.write": "always", "shell.run": {"mode": "always", "approval_deadline_s": 600}}'
+        ]
     enabled = set(builtin_tools) if isinstance(builtin_tools, list) else set()
     servers = _server_names(mcp_servers)
     modes = ", ".join(APPROVAL_MODES)
     problems = []
     for name, mode in approvals.items():
-        if mode not in APPROVAL_MODES:
+        if isinstance(mode, dict):
+            problems += _tool_approval(name, mode)
+        elif mode not in APPROVAL_MODES:
             problems.append(f"{name}: {mode!r} is not an approval mode; use one of {modes}")
         if name.startswith("mcp."):
             parts = name.split(".", 2)
@@ -138,4 +145,28 @@ def _approvals(approvals: Any, builtin_tools: Any, mcp_servers: Any) -> list[str
             problems.append(f"{name}: no such tool; use a built-in tool's name or mcp.<server>.<tool>")
         elif name not in enabled:
             problems.append(f"{name}: this profile does not enable that built-in (add it to builtin tools)")
+    return problems
+
+
+TOOL_APPROVAL_KEYS = ("mode", "approval_deadline_s", "remind_every_s", "escalate_to", "on_expiry")
+
+
+def _tool_approval(name: str, settings: dict[str, Any]) -> list[str]:
+    """A tool's own approval settings: its mode and its deadline settings,
+    each overriding the profile's (approvals_app/gate.py deadline_for)."""
+    problems = []
+    unknown = sorted(str(k) for k in settings if k not in TOOL_APPROVAL_KEYS)
+    if unknown:
+        problems.append(f"{name}: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(TOOL_APPROVAL_KEYS)}")
+    if "mode" in settings and settings["mode"] not in APPROVAL_MODES:
+        problems.append(f"{name}: {settings['mode']!r} is not an approval mode; use one of {', '.join(APPROVAL_MODES)}")
+    for key in ("approval_deadline_s", "remind_every_s"):
+        value = settings.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"{name}: {key} must be a whole number of seconds, at least 1 (or null: none)")
+    if settings.get("on_expiry", "deny") not in ON_EXPIRY:
+        problems.append(f"{name}: on_expiry must be deny or park")
+    group = settings.get("escalate_to")
+    if group is not None and (not isinstance(group, str) or not Group.objects.filter(name=group).exists()):
+        problems.append(f"{name}: escalate_to must name a group (or be null)")
     return problems

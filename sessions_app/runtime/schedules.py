@@ -1,7 +1,8 @@
 """Scheduled wake-ups: the clock that claims due schedules and fires them.
 
 Every worker process (Celery's and the in-process one) runs a clock thread
-that calls `tick()` every TERRET_SCHEDULE_POLL_SECONDS. A tick works in
+that calls `tick()` every TERRET_SCHEDULE_POLL_SECONDS, then the clocks the
+apps registered (runtime.hooks.register_clock: the approval clock). A tick works in
 rounds: a round reads the due schedules fairly (a bounded share per session
 and per owner, every owner's earliest first: `_round`), then claims them one
 at a time with `SELECT ... FOR UPDATE SKIP LOCKED`, so workers claim
@@ -54,7 +55,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.log.reads import input_fate, turn_events, turn_start_before
 from sessions_app.models import DUE_READ_MAX, Schedule, Session, due_unreadable
-from sessions_app.runtime import admission, dispatch, lifecycle, limits
+from sessions_app.runtime import admission, dispatch, hooks, lifecycle, limits
 from sessions_app.runtime.failures import is_database_outage
 
 logger = logging.getLogger(__name__)
@@ -458,6 +459,8 @@ def _run_clock(active: Callable[[], bool]) -> None:
                 tick()
             except Exception:
                 logger.exception("schedule clock tick failed")
+            try:
+                hooks.run_clocks()  # the apps' clocks: approval deadlines (approvals_app/deadlines.py)
             finally:
                 connection.close()  # each tick on a fresh connection: none is held between ticks
         _stopping.wait(settings.TERRET_SCHEDULE_POLL_SECONDS)

@@ -25,9 +25,10 @@ def park(
     args: dict[str, Any] | None = None,
     *,
     new_turn: bool = True,
+    deadline: dict[str, Any] | None = None,
 ) -> int:
-    """Append a turn with an assistant call and its approval/requested, as the
-    loop would; returns the request's seq."""
+    """Append a turn with an assistant call and its approval/requested (on
+    the clock `deadline`, if given), as the loop would; returns the request's seq."""
     args = {"path": "a.txt", "content": "x"} if args is None else args
     with log.locked(session_id) as tx:
         if new_turn:
@@ -38,7 +39,10 @@ def park(
             "assistant/message",
             {"content": None, "tool_calls": [{"id": call_id, "name": name, "arguments": json.dumps(args)}]},
         )
-        return tx.append("approval/requested", {"call_id": call_id, "name": name, "args": args}).seq
+        request: dict[str, Any] = {"call_id": call_id, "name": name, "args": args}
+        if deadline is not None:
+            request["deadline"] = deadline
+        return tx.append("approval/requested", request).seq
 
 
 def count(session: Session) -> int:

@@ -32,7 +32,14 @@ def test_verdict_appends_resolved_with_who_and_why(session: Session, reviewer: A
     event = approvals.decide(session.id, "c1", "deny", user=reviewer, reason="  too risky  ", request_seq=seq)
     assert (event.kind, event.data) == (
         "approval/resolved",
-        {"call_id": "c1", "verdict": "deny", "reason": "too risky", "by": "rev"},
+        {
+            "call_id": "c1",
+            "verdict": "deny",
+            "reason": "too risky",
+            "by": "rev",
+            # What the reviewer's authority rested on, and the policy in force (none yet).
+            "grounds": {"as": "reviewers", "group": "reviewers", "user_id": reviewer.pk, "policy_seq": None},
+        },
     )
     assert pending(session.id) == []
     session.refresh_from_db()

@@ -42,7 +42,13 @@ def test_the_tool_runs_with_the_edited_arguments_and_the_model_is_told(
     verdict = approvals.decide(
         session.id, call.call_id, "approve", user=reviewer, request_seq=call.seq, edited_args=EDITED
     )
-    assert verdict.data == {"call_id": call.call_id, "verdict": "approve", "edited_args": EDITED, "by": "rev"}
+    assert verdict.data == {
+        "call_id": call.call_id,
+        "verdict": "approve",
+        "edited_args": EDITED,
+        "by": "rev",
+        "grounds": {"as": "reviewers", "group": "reviewers", "user_id": reviewer.pk, "policy_seq": None},
+    }
     assert drive(session.id) == "ended"
     # At the tool: the reviewer's text was written, never the model's.
     assert (tmp_path / session.id.hex / "a.txt").read_text() == "from the reviewer"

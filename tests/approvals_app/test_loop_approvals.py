@@ -63,7 +63,13 @@ def test_approve_resumes_and_is_never_asked_again(
     [result] = events(session, "tool/result")
     assert result["call_id"] == call.call_id and result["is_error"] is False and "wrote" in result["content"]
     assert events(session, "approval/resolved") == [
-        {"call_id": call.call_id, "verdict": "approve", "reason": "fine", "by": "rev"}
+        {
+            "call_id": call.call_id,
+            "verdict": "approve",
+            "reason": "fine",
+            "by": "rev",
+            "grounds": {"as": "reviewers", "group": "reviewers", "user_id": reviewer.pk, "policy_seq": None},
+        }
     ]
     assert len(events(session, "approval/requested")) == 1
     assert events(session, "turn/end") == [{"status": "completed"}]

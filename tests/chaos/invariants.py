@@ -171,6 +171,7 @@ def _verdict_problems(turn: Turn) -> list[str]:
     for e in turn.events:
         if e.kind == "approval/requested":
             asked.add(e.data["call_id"])
+            answered.discard(e.data["call_id"])  # asked again (after approval/voided): a new verdict is due
         elif e.kind == "approval/resolved":
             call = e.data["call_id"]
             if call not in asked:

@@ -87,6 +87,20 @@ def test_sessions_by_status_live_turns_and_approvals(staff_client: Client, owner
     assert value(samples, "terret_sweeps_total") == 0
 
 
+def test_an_expired_request_is_no_longer_the_oldest_waiting(staff_client: Client, owner: Any, profile: Any) -> None:
+    waiting = services.create_session(owner, profile)
+    services.run_turn(waiting.id, "go")
+    first = log.append(waiting.id, "approval/requested", {"call_id": "c1", "name": "debug.noop", "args": {}})
+    time.sleep(0.5)
+    log.append(waiting.id, "approval/requested", {"call_id": "c2", "name": "debug.noop", "args": {}})
+    expiry = {"call_id": "c1", "request_seq": first.seq, "deadline_s": 5, "on_expiry": "deny"}
+    log.append(waiting.id, "approval/expired", expiry)
+    samples = scrape(staff_client)
+    since_first = (timezone.now() - Event.objects.get(session=waiting, seq=first.seq).created_at).total_seconds()
+    assert value(samples, "terret_approvals_pending") == 1  # c2; c1's expiry denied it
+    assert 0 < value(samples, "terret_approval_oldest_age_seconds") < since_first - 0.4
+
+
 def test_turns_ended_and_model_requests(staff_client: Client, fake_llm: Any, session: Session) -> None:
     fake_llm.script(Reply(text="one", usage=(10, 2, 0.001)), Reply(text="two", usage=(5, 1, 0.002)))
     for text in ("a", "b"):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from sessions_app import log
 from sessions_app.models import Event, Session
 from tests.sessions_app.apiutil import park_calls, token_for
 from tests.sessions_app.lg.conftest import PROFILE
@@ -105,3 +106,21 @@ def test_a_parked_step_is_one_interrupt_and_a_short_resume_changes_nothing(
     answer = post(client, f"/lg/threads/{thread}/runs", edit_tool, HTTP_X_API_KEY=lg_token)
     assert answer.json()["code"] == "not_supported"
     assert Event.objects.count() == events, "validated before any verdict is applied"
+
+
+def test_a_resume_after_the_interrupt_expired_is_approval_expired(client: Client, lg_token: str, thread: str) -> None:
+    """The approval clock's expiry (on_expiry deny) settles the request: the
+    thread is no longer interrupted, and a late resume is refused 409
+    approval_expired, changing nothing."""
+    sid = Session.objects.get(id=thread).id
+    park_calls(sid, "call_a")
+    request = Event.objects.get(session_id=sid, kind="approval/requested")
+    expiry = {"call_id": "call_a", "request_seq": request.seq, "deadline_s": 5, "on_expiry": "deny"}
+    log.append(sid, "approval/expired", expiry)
+    state = client.get(f"/lg/threads/{thread}/state", HTTP_X_API_KEY=lg_token).json()
+    assert state["interrupts"] == []
+    events = Event.objects.count()
+    resume = {"assistant_id": PROFILE, "command": {"resume": {"decisions": [{"type": "approve"}]}}}
+    answer = post(client, f"/lg/threads/{thread}/runs", resume, HTTP_X_API_KEY=lg_token)
+    assert answer.status_code == 409 and answer.json()["code"] == "approval_expired", answer.json()
+    assert Event.objects.count() == events

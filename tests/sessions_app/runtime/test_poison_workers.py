@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
 from tests.fakes.fake_llm import Reply
@@ -28,7 +29,7 @@ def requests_for(fake_llm: Any, marker: str) -> int:
 
 
 def test_poison_turns_end_with_bounded_model_requests(
-    start_worker: Any, fake_llm: Any, make_user: Any, tmp_path: Any, settings: Any
+    start_worker: Any, fake_llm: Any, make_user: Any, make_reviewer: Any, tmp_path: Any, settings: Any
 ) -> None:
     settings.TERRET_WORKSPACE_ROOT = tmp_path
     owner = make_user()
@@ -81,7 +82,7 @@ def test_poison_turns_end_with_bounded_model_requests(
 
     wait_for(lambda: events(parked, "approval/requested"), what="the park")
     (asked,) = events(parked, "approval/requested")
-    log.append(parked.id, "approval/resolved", {"call_id": asked["call_id"], "verdict": "approve"})
+    approvals.decide(parked.id, asked["call_id"], "approve", user=make_reviewer("rev"))
 
     wait_for(lambda: turn_end(unknown_tool) is not None, timeout=20, what="the unknown tool's turn/end")
     wait_for(lambda: turn_end(big) is not None, timeout=20, what="the refused result's turn/end")

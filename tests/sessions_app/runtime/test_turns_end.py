@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.errors import NotBlocked
 from sessions_app.models import AgentProfile, Session
@@ -125,7 +126,7 @@ def test_a_400_on_resume_after_a_park_fails_at_once_with_the_providers_message(
     services.run_turn(session.id, "write")
     assert drive(session.id) == "parked"
     (asked,) = events(session, "approval/requested")
-    log.append(session.id, "approval/resolved", {"call_id": asked["call_id"], "verdict": "approve"})
+    approvals.decide(session.id, asked["call_id"], "approve", user=make_reviewer("rev"))
     assert drive_until_quiet(session)[-1] == "ended"
     end = ended(session)
     assert end["status"] == "failed"
@@ -184,7 +185,9 @@ def test_a_fresh_turn_fails_on_a_transient_error_without_blocking(
     assert len(fake_llm.requests) == 2
 
 
-def test_redrive_after_a_park_is_not_a_resume(fake_llm: Any, session: Session, settings: Any) -> None:
+def test_redrive_after_a_park_is_not_a_resume(
+    fake_llm: Any, session: Session, settings: Any, make_reviewer: Any
+) -> None:
     """A transient failure right after a verdict fails the turn (it is no
     crash re-entry), rather than looping through the resume backoff."""
     settings.TERRET_LLM_RETRIES = 0
@@ -194,7 +197,7 @@ def test_redrive_after_a_park_is_not_a_resume(fake_llm: Any, session: Session, s
     services.run_turn(session.id, "write")
     assert drive(session.id) == "parked"
     (asked,) = events(session, "approval/requested")
-    log.append(session.id, "approval/resolved", {"call_id": asked["call_id"], "verdict": "approve"})
+    approvals.decide(session.id, asked["call_id"], "approve", user=make_reviewer("rev"))
     assert drive(session.id) == "ended"
     assert ended(session)["status"] == "failed"
 
