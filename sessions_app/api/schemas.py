@@ -203,7 +203,8 @@ class ScheduleOut(Schema):
     every_seconds: int | None
     cron: str | None
     misfire: Literal["skip", "run_once", "reschedule"]
-    max_runs: int | None
+    max_runs: int | None = Field(description="a recurring schedule stops after this many runs (null: no limit)")
+    expires_at: str | None = Field(description="a recurring schedule stops at this time (null: never)")
     runs: int
     skipped: int
     budget_tokens: int | None
@@ -355,7 +356,9 @@ class ResolveOut(Schema):
 
 
 class AttentionItemOut(Schema):
-    kind: str = Field(description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects")
+    kind: str = Field(
+        description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, effects_audit"
+    )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
     since: str | None = Field(description="ISO 8601")
@@ -366,7 +369,8 @@ class AttentionItemOut(Schema):
 class AttentionOut(Schema):
     attention: dict[str, list[AttentionItemOut]] = Field(
         description="by kind (blocked, suspended, revoked, held_input, approvals oldest first, expired_leases, "
-        "unknown_effects), each at most 200"
+        "unknown_effects: every turn's unresolved attempts, open or ended, detail {pending, open_turn, calls}, "
+        "effects_audit: what the sweep's effect audit found, detail {problems, found, audited_seq}), each at most 200"
     )
     counts: dict[str, int]
 

@@ -13,6 +13,10 @@ with an attempt of unknown outcome (tool/unknown) for an operator, and a
 session waiting for an agent slot (agent/waiting) for a slot; none needs a
 worker, so the sweep leaves them alone.
 
+Each round also audits the effect ledgers of a few recently active
+sessions (runtime/effects.py audit_recent), bounded by
+TERRET_EFFECTS_AUDIT_BATCH; its findings are on /ops/ and /metrics.
+
 An idle session whose input a budget holds (input/held) is offered again,
 so a new UTC day lets a daily budget's held input run.
 
@@ -41,7 +45,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import counters, registry
+from sessions_app.runtime import counters, effects, registry
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -140,6 +144,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("offering owed follow-ups", owed),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
+        ("auditing effect ledgers", _audit_effects),
         ("counting the round", _count_round),
     ]
     for what, part in parts:
@@ -157,6 +162,15 @@ def _count_round() -> list[str]:
     process's other counters since the last round, written (counters.py)."""
     counters.add("sweeps")
     counters.flush()
+    return []
+
+
+def _audit_effects() -> list[str]:
+    """A bounded batch of recently active sessions' effect ledgers audited
+    (effects.audit_recent); what it found is on /ops/ and /metrics."""
+    audited, found = effects.audit_recent()
+    counters.add("effects_audits", audited)
+    counters.add("effects_audit_findings", found)
     return []
 
 
