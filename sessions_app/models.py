@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -86,8 +87,12 @@ class AgentProfile(models.Model):
     # A recurring schedule made without its own max_runs / expires_at gets
     # these (None: none); a new profile gets TERRET_SCHEDULE_MAX_RUNS and
     # TERRET_SCHEDULE_EXPIRES_DAYS.
-    schedule_max_runs = models.PositiveIntegerField(null=True, blank=True, default=default_schedule_max_runs)
-    schedule_expires_days = models.PositiveIntegerField(null=True, blank=True, default=default_schedule_expires_days)
+    schedule_max_runs = models.PositiveIntegerField(
+        null=True, blank=True, default=default_schedule_max_runs, validators=[MinValueValidator(1)]
+    )
+    schedule_expires_days = models.PositiveIntegerField(
+        null=True, blank=True, default=default_schedule_expires_days, validators=[MinValueValidator(1)]
+    )
     # ["main"]: the model roles whose model takes images; a tool's images go
     # to those as image parts, to every other role as a text description.
     image_roles = models.JSONField(

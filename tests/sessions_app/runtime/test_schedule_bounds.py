@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.conf import settings as django_settings
+from django.forms.models import model_to_dict
 from django.utils import timezone
 
 from sessions_app import log
+from sessions_app.admin import AgentProfileForm
 from sessions_app.errors import InvalidInput, TimeOutOfRange
 from sessions_app.models import AgentProfile, Schedule, Session
 from sessions_app.runtime.schedules import tick
@@ -95,6 +97,28 @@ def test_a_new_profile_takes_its_bounds_from_the_settings(settings: Any) -> None
         None,
         99,
     )
+
+
+def test_the_admin_edits_a_profiles_bounds_and_refuses_zero(profile: AgentProfile) -> None:
+    data = {k: v for k, v in model_to_dict(profile).items() if v is not None}
+    for field in (
+        "roles",
+        "builtin_tools",
+        "mcp_servers",
+        "approvals",
+        "context_windows",
+        "image_roles",
+        "allow_floor",
+    ):
+        if field in data:
+            data[field] = json.dumps(data[field])
+    zero = AgentProfileForm({**data, "schedule_max_runs": "0", "schedule_expires_days": "0"}, instance=profile)
+    assert not zero.is_valid()
+    assert {"schedule_max_runs", "schedule_expires_days"} <= set(zero.errors)
+    blank = AgentProfileForm({**data, "schedule_max_runs": "", "schedule_expires_days": "30"}, instance=profile)
+    assert blank.is_valid(), blank.errors
+    saved = blank.save()
+    assert (saved.schedule_max_runs, saved.schedule_expires_days) == (None, 30)
 
 
 @pytest.mark.usefixtures("manual_worker")
