@@ -19,8 +19,8 @@ Before each firing the clock checks again what may have changed since the
 schedule was made: the session revoked or archived, or its owner's account
 deactivated (the schedule is cancelled, `owner_inactive`), its expires_at
 passed or its runs at max_runs (it is completed: a recurring schedule is
-bounded by default, services/schedules.py), an operator's suspension, a budget, the profile's bounds, the
-schedule's own token budget (the firing is skipped, and why is recorded),
+bounded by default, services/schedules.py), an operator's suspension, a
+budget, the profile's bounds, the schedule's own token budget (the firing is skipped, and why is recorded),
 the previous run's input still waiting (coalesced: one pending follow-up per
 schedule), and the runs so far: after `schedule_pause_after` consecutive
 runs whose turns ended empty, failed or rejected it pauses itself.
@@ -240,11 +240,11 @@ def _handle(s: Schedule, now: datetime) -> None:
         _finish(s, "cancelled", stop, now, log_it=True)
         return
     assert session is not None
+    _count_last_run(s)
     ended = _ended(s, now)
     if ended is not None:
         _finish(s, "completed", ended, now)
         return
-    _count_last_run(s)
     profile = session.profile
     pause_after = profile.schedule_pause_after if profile is not None else 3
     if pause_after and s.no_progress >= pause_after:

@@ -166,6 +166,7 @@ class Item:
 
 
 ATTENTION_LIMIT = 200
+ATTENTION_CALLS = 20  # an item's unknown calls, or audit problems, listed at most
 
 
 def attention() -> dict[str, list[Item]]:
@@ -279,9 +280,6 @@ def attention() -> dict[str, list[Item]]:
         .order_by("audited_at")[:ATTENTION_LIMIT]
     ]
     return out
-
-
-ATTENTION_CALLS = 20
 
 
 def _unresolved_calls(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
