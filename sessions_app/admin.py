@@ -101,14 +101,22 @@ class AgentProfileForm(ProfileChecks):
             "min_schedule_seconds",
             "schedule_pause_after",
             "on_stall",
+            "schedule_max_runs",
+            "schedule_expires_days",
             "created_at",
         ]
         help_texts = {
             "max_schedules": "Pending or paused schedules one session may hold (0: none).",
             "min_schedule_seconds": "The shortest recurrence a schedule of this profile may have.",
             "schedule_pause_after": "A schedule pauses itself after this many runs in a row without progress.",
-            "daily_cost_usd": "The profile's budget per UTC day over all its sessions, in USD (blank: no limit).",
-            "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit).",
+            "schedule_max_runs": "A recurring schedule made without its own max_runs stops after this many runs "
+            "(blank: no limit). A new profile gets TERRET_SCHEDULE_MAX_RUNS.",
+            "schedule_expires_days": "A recurring schedule made without its own expires_at stops this many days "
+            "after it was made (blank: never). A new profile gets TERRET_SCHEDULE_EXPIRES_DAYS.",
+            "daily_cost_usd": "The profile's budget per UTC day over all its sessions, in USD (blank: no limit). "
+            "A new profile gets TERRET_PROFILE_DAILY_COST_USD.",
+            "daily_tokens": "Prompt plus completion tokens per UTC day (blank: no limit). "
+            "A new profile gets TERRET_PROFILE_DAILY_TOKENS.",
             "daily_steps": "Model steps per UTC day (blank: no limit).",
             "daily_turns": "Turns per UTC day (blank: no limit).",
             "on_stall": "What happens to a running turn with no progress for TERRET_STALL_SECONDS: reported "
@@ -399,7 +407,18 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     agent's tool (each logs schedule/created); cancelled with the action,
     which logs schedule/cancelled with the admin's name."""
 
-    list_display = ["id", "session", "status", "due_at", "every_seconds", "cron", "runs", "created_by"]
+    list_display = [
+        "id",
+        "session",
+        "status",
+        "due_at",
+        "every_seconds",
+        "cron",
+        "runs",
+        "max_runs",
+        "expires_at",
+        "created_by",
+    ]
     list_filter = ["status", "misfire"]
     search_fields = ["reason", "text"]
     list_select_related = ["session"]

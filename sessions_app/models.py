@@ -14,10 +14,34 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from sessions_app.errors import ImmutableEventError
+
+
+def _setting(name: str) -> Any:
+    return getattr(settings, name, None)
+
+
+# Bounded by default: a new profile's defaults are settings read when it is
+# made (callables, so a migration names the function, never a value).
+def default_daily_cost_usd() -> Decimal | None:
+    value = _setting("TERRET_PROFILE_DAILY_COST_USD")
+    return None if value is None else Decimal(value)
+
+
+def default_daily_tokens() -> int | None:
+    return _setting("TERRET_PROFILE_DAILY_TOKENS")
+
+
+def default_schedule_max_runs() -> int | None:
+    return _setting("TERRET_SCHEDULE_MAX_RUNS")
+
+
+def default_schedule_expires_days() -> int | None:
+    return _setting("TERRET_SCHEDULE_EXPIRES_DAYS")
 
 
 class AgentProfile(models.Model):
@@ -65,8 +89,11 @@ class AgentProfile(models.Model):
     # a provider's context-length error: ModelWindow).
     # Per-UTC-day ceilings over every session of the profile (None: none);
     # the global ones are settings (TERRET_DAILY_*). See runtime/limits.py.
-    daily_cost_usd = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
-    daily_tokens = models.BigIntegerField(null=True, blank=True)
+    # A new profile gets TERRET_PROFILE_DAILY_* (bounded by default); blank is no limit.
+    daily_cost_usd = models.DecimalField(
+        max_digits=20, decimal_places=6, null=True, blank=True, default=default_daily_cost_usd
+    )
+    daily_tokens = models.BigIntegerField(null=True, blank=True, default=default_daily_tokens)
     daily_steps = models.BigIntegerField(null=True, blank=True)
     daily_turns = models.BigIntegerField(null=True, blank=True)
     context_windows = models.JSONField(
@@ -78,6 +105,15 @@ class AgentProfile(models.Model):
     max_schedules = models.PositiveIntegerField(default=20)
     min_schedule_seconds = models.PositiveIntegerField(default=60)
     schedule_pause_after = models.PositiveIntegerField(default=3)
+    # A recurring schedule made without its own max_runs / expires_at gets
+    # these (None: none); a new profile gets TERRET_SCHEDULE_MAX_RUNS and
+    # TERRET_SCHEDULE_EXPIRES_DAYS.
+    schedule_max_runs = models.PositiveIntegerField(
+        null=True, blank=True, default=default_schedule_max_runs, validators=[MinValueValidator(1)]
+    )
+    schedule_expires_days = models.PositiveIntegerField(
+        null=True, blank=True, default=default_schedule_expires_days, validators=[MinValueValidator(1)]
+    )
     # ["main"]: the model roles whose model takes images; a tool's images go
     # to those as image parts, to every other role as a text description.
     image_roles = models.JSONField(
@@ -160,6 +196,10 @@ class Session(models.Model):
     # The open turn's latest turn/stalled of no progress ({since, phase}); it
     # stands while nothing happened after it (runtime/progress.py, stalled_since).
     stalled_seq = models.BigIntegerField(null=True, blank=True)
+    # Every turn's attempts of unknown outcome not resolved yet, open turn or
+    # closed: what /ops/ and /metrics show until an operator answers. No
+    # turn/end starts it over.
+    unresolved_effects = models.IntegerField(default=0)
 
     # The session's budget (its latest budget/updated; None: no limit) and
     # the turns it opened, beside the usage totals above (runtime/limits.py).
@@ -381,6 +421,8 @@ class Schedule(models.Model):
     misfire = models.CharField(max_length=16, choices=[(m, m) for m in MISFIRES], default="run_once")
     max_runs = models.PositiveIntegerField(null=True, blank=True)
     runs = models.PositiveIntegerField(default=0)
+    # A recurring schedule stops at this time (None: no expiry); see the profile's schedule_expires_days.
+    expires_at = models.DateTimeField(null=True, blank=True)
     # Tokens the turns it started may spend in all (None: no limit of its own).
     budget_tokens = models.BigIntegerField(null=True, blank=True)
     spent_tokens = models.BigIntegerField(default=0)
@@ -592,3 +634,26 @@ class RuntimeCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"
+
+
+class EffectAudit(models.Model):
+    """The latest effect audit of one session's ledger (runtime/effects.py
+    audit_recent, run by the sweep): what it found, for /ops/ and /metrics.
+    `audited_seq` is the log head it read: a session whose log has moved on
+    since is due again."""
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, primary_key=True, related_name="effect_audit")
+    audited_seq = models.BigIntegerField(default=0)
+    audited_at = models.DateTimeField(default=timezone.now)
+    problems = models.JSONField(default=list, blank=True)
+    found = models.PositiveIntegerField(default=0)  # len(problems), for the index
+    counts = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            # /ops/ and /metrics read only the audits that found something.
+            models.Index(fields=["audited_at"], condition=models.Q(found__gt=0), name="effect_audit_found"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {len(self.problems)} problem(s) at seq {self.audited_seq}"

@@ -102,10 +102,12 @@ def env_pauses(name: str, points: frozenset[str]) -> dict[tuple[str, str], float
     return out
 
 
-def env_limit(name: str, *, decimal: bool = False) -> Decimal | int | None:
-    """An optional non-negative limit: unset or empty is no limit."""
+def env_limit(name: str, *, decimal: bool = False, default: Decimal | int | None = None) -> Decimal | int | None:
+    """An optional non-negative limit: unset is `default`, empty is no limit."""
     raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    if raw is None:
+        return default
+    if raw.strip() == "":
         return None
     try:
         value: Decimal | int = Decimal(raw.strip()) if decimal else int(raw)

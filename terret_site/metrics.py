@@ -47,7 +47,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sessions_app.models import Event, ModelTally, RuntimeCounter, Session, TurnTally, UsageDay, WorkerProcess
+from sessions_app.models import (
+    EffectAudit,
+    Event,
+    ModelTally,
+    RuntimeCounter,
+    Session,
+    TurnTally,
+    UsageDay,
+    WorkerProcess,
+)
 from sessions_app.runtime.progress import STALL_STANDS
 
 # Session.status's precedence, written as conditions on the projection columns.
@@ -73,6 +82,14 @@ RUNTIME_COUNTERS = {
         "Turns re-entered mid-step by a drive after their worker stopped (a crash, a lost lease, a deploy).",
     ),
     "queue_waits": ("terret_queue_waits", "Drive tasks taken by a worker (the count for terret_queue_wait_seconds)."),
+    "effects_audits": (
+        "terret_effects_audits",
+        "Effect ledgers of sessions audited by the sweep (runtime/effects.py).",
+    ),
+    "effects_audit_findings": (
+        "terret_effects_audit_findings",
+        "Problems found by the sweep's effect audits, every audit counted (a problem seen twice counts twice).",
+    ),
 }
 
 
@@ -95,6 +112,22 @@ class DatabaseCollector(Collector):
         yield from self._usage()
         yield from self._models()
         yield from self._runtime()
+        yield from self._effects_audit()
+
+    def _effects_audit(self) -> Iterable[Metric]:
+        audit = EffectAudit.objects.filter(found__gt=0).aggregate(
+            sessions=Count("pk"), problems=Coalesce(Sum("found"), 0, output_field=IntegerField())
+        )
+        yield GaugeMetricFamily(
+            "terret_effects_audit_problems",
+            "Problems the sweep's effect audit found in the latest audit of each session (runtime/effects.py).",
+            _int(audit["problems"]),
+        )
+        yield GaugeMetricFamily(
+            "terret_effects_audit_sessions",
+            "Sessions whose latest effect audit found a problem.",
+            _int(audit["sessions"]),
+        )
 
     def _sessions(self, now: datetime) -> Iterable[Metric]:
         live = _OPEN & ~Q(lease_owner="") & Q(lease_expires_at__gt=now)
@@ -105,6 +138,8 @@ class DatabaseCollector(Collector):
             stalled=Count("pk", filter=STALL_STANDS),
             held=Count("pk", filter=Q(held_seq__isnull=False)),
             approvals=Coalesce(Sum("pending_approvals", filter=_OPEN), 0, output_field=IntegerField()),
+            unresolved=Coalesce(Sum("unresolved_effects"), 0, output_field=IntegerField()),
+            unknown_open=Coalesce(Sum("unknown_effects", filter=_OPEN), 0, output_field=IntegerField()),
         )
         by_status = GaugeMetricFamily("terret_sessions", "Sessions by status (Session.status).", labels=["status"])
         for name in STATUS_FILTERS:
@@ -129,6 +164,16 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "terret_approvals_pending", "Tool calls of open turns waiting for a reviewer.", _int(row["approvals"])
+        )
+        yield GaugeMetricFamily(
+            "terret_effects_unknown",
+            "Attempts of unknown outcome no operator has resolved yet, of open and ended turns alike.",
+            _int(row["unresolved"]),
+        )
+        yield GaugeMetricFamily(
+            "terret_effects_unknown_ended",
+            "Of those, the attempts of turns that have ended (cancelled or failed around them).",
+            max(_int(row["unresolved"]) - _int(row["unknown_open"]), 0),
         )
 
     def _oldest_approval(self, now: datetime) -> Metric:

@@ -10,6 +10,7 @@ import os
 import secrets
 import ssl
 import sys
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -224,6 +225,11 @@ TERRET_SCHEDULE_HORIZON_DAYS = env_int("TERRET_SCHEDULE_HORIZON_DAYS", 3653, min
 TERRET_SCHEDULE_PER_SESSION = env_int("TERRET_SCHEDULE_PER_SESSION", 5, minimum=1)
 TERRET_SCHEDULE_PER_OWNER = env_int("TERRET_SCHEDULE_PER_OWNER", 100, minimum=1)
 TERRET_SCHEDULE_ROUND = env_int("TERRET_SCHEDULE_ROUND", 200, minimum=1)
+# Bounded by default: a new profile's bounds for its recurring schedules, which
+# stop after this many runs or this many days after they were made (empty: no
+# such default; a profile's own fields override them, a request may set its own).
+TERRET_SCHEDULE_MAX_RUNS = env_limit("TERRET_SCHEDULE_MAX_RUNS", default=1000)
+TERRET_SCHEDULE_EXPIRES_DAYS = env_limit("TERRET_SCHEDULE_EXPIRES_DAYS", default=90)
 TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
 TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})
 TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KEY") or ""
@@ -255,6 +261,15 @@ TERRET_DAILY_COST_USD = env_limit("TERRET_DAILY_COST_USD", decimal=True)
 TERRET_DAILY_TOKENS = env_limit("TERRET_DAILY_TOKENS")
 TERRET_DAILY_STEPS = env_limit("TERRET_DAILY_STEPS")
 TERRET_DAILY_TURNS = env_limit("TERRET_DAILY_TURNS")
+# A new agent profile's daily budgets (its daily_cost_usd and daily_tokens;
+# empty: none), generous so that only a runaway agent meets them.
+TERRET_PROFILE_DAILY_COST_USD = env_limit("TERRET_PROFILE_DAILY_COST_USD", decimal=True, default=Decimal(50))
+TERRET_PROFILE_DAILY_TOKENS = env_limit("TERRET_PROFILE_DAILY_TOKENS", default=20_000_000)
+# The sweep's effect audit (runtime/effects.py audit_recent): each round audits the
+# effect ledgers of at most this many sessions whose log changed since their last
+# audit, within this many hours (0 sessions: the audit is off).
+TERRET_EFFECTS_AUDIT_BATCH = env_int("TERRET_EFFECTS_AUDIT_BATCH", 20, minimum=0)
+TERRET_EFFECTS_AUDIT_HOURS = env_float("TERRET_EFFECTS_AUDIT_HOURS", 24.0, minimum=0.01)
 # Context windows (docs/compaction.md): a request's tokens are estimated as its characters
 # over this, and this many tokens (at most an eighth of the window) are left for the reply.
 TERRET_CHARS_PER_TOKEN = env_float("TERRET_CHARS_PER_TOKEN", 3.5, minimum=1.0)

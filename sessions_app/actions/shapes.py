@@ -97,6 +97,7 @@ class ScheduleIn(In):
     text: Text
     misfire: Literal["skip", "run_once", "reschedule"] = "run_once"
     max_runs: Annotated[int, Field(ge=1)] | None = None
+    expires_at: Annotated[str, Field(max_length=64)] | None = None
     idempotency_key: Key | None = None
     reason: Annotated[str, Field(max_length=200)] | None = None
     budget_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -229,7 +229,8 @@ class ScheduleOut(Schema):
     every_seconds: int | None
     cron: str | None
     misfire: Literal["skip", "run_once", "reschedule"]
-    max_runs: int | None
+    max_runs: int | None = Field(description="a recurring schedule stops after this many runs (null: no limit)")
+    expires_at: str | None = Field(description="a recurring schedule stops at this time (null: never)")
     runs: int
     skipped: int
     budget_tokens: int | None
@@ -387,7 +388,8 @@ class ResolveOut(Schema):
 
 class AttentionItemOut(Schema):
     kind: str = Field(
-        description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, stalled"
+        description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, "
+        "effects_audit, stalled"
     )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
@@ -399,8 +401,10 @@ class AttentionItemOut(Schema):
 class AttentionOut(Schema):
     attention: dict[str, list[AttentionItemOut]] = Field(
         description="by kind (blocked, suspended, revoked, held_input, approvals oldest first, expired_leases, "
-        "unknown_effects, stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the "
-        "turn's progress), each at most 200"
+        "unknown_effects: every turn's unresolved attempts, open or ended, detail {pending, open_turn, calls}, "
+        "effects_audit: what the sweep's effect audit found, detail {problems, found, audited_seq}, "
+        "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress), "
+        "each at most 200"
     )
     counts: dict[str, int]
 

@@ -541,12 +541,15 @@ CATALOGUE: dict[str, Kind] = {
                     "cron": _STR,
                     "misfire": {"enum": ["skip", "run_once", "reschedule"]},
                     "max_runs": {"type": ["integer", "null"]},
+                    "expires_at": {"type": ["string", "null"]},
                     "reason": _STR,
                 },
                 ["schedule_id", "misfire"],
             ),
             False,
-            "A wake-up was scheduled for this session, by a person or by the agent's schedule.create tool.",
+            "A wake-up was scheduled for this session, by a person or by the agent's schedule.create tool. A "
+            "recurring one is bounded by default: max_runs and expires_at are the profile's when the request "
+            "gave none.",
         ),
         Kind(
             "schedule/fired",
@@ -570,7 +573,8 @@ CATALOGUE: dict[str, Kind] = {
             "schedule/cancelled",
             _obj({"schedule_id": _NONEMPTY, "by": _STR, "reason": _STR}, ["schedule_id"]),
             False,
-            "A schedule was cancelled: by a person, by the agent, or because the session was revoked or archived.",
+            "A schedule was cancelled: by a person, by the agent, or by the clock because the session was revoked "
+            "or archived, or its owner's account is inactive (reason `owner_inactive`).",
         ),
         Kind(
             "schedule/paused",
@@ -645,8 +649,12 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "An attempt whose outcome nobody knows (its worker died before the result, and the tool may not be "
-            "re-run blindly); the turn waits for an operator (status waiting_reconcile).",
-            lambda d: [("unknown_effects = unknown_effects + 1", [])],
+            "re-run blindly); the turn waits for an operator (status waiting_reconcile). It stays on /ops/ and "
+            "in /metrics until resolved, after its turn ends too (Session.unresolved_effects).",
+            lambda d: [
+                ("unknown_effects = unknown_effects + 1", []),
+                ("unresolved_effects = unresolved_effects + 1", []),
+            ],
         ),
         Kind(
             "tool/resolved",
@@ -664,7 +672,10 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "An operator's answer to an unknown attempt: run it again (a new attempt, same key), or record it "
             "done (with the result the model sees) or failed.",
-            lambda d: [("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", [])],
+            lambda d: [
+                ("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", []),
+                ("unresolved_effects = CASE WHEN unresolved_effects > 0 THEN unresolved_effects - 1 ELSE 0 END", []),
+            ],
         ),
         Kind(
             "budget/updated",

@@ -25,7 +25,9 @@ function. `left_unknown` is the same ledger's rule for a turn that closes
 around an attempt in flight (closing.py).
 
 `effects_audit` checks the whole ledger of a session; the kill and chaos
-tests run it after every round.
+tests run it after every round, and in production `audit_recent` runs it
+from every worker's sweep on a bounded batch of recently active sessions,
+keeping each one's findings (EffectAudit) for /ops/ and /metrics.
 """
 
 from __future__ import annotations
@@ -34,11 +36,15 @@ import itertools
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from django.conf import settings
+from django.db.models import F, Q
+from django.utils import timezone
+
 from sessions_app.log.records import LoggedEvent
-from sessions_app.models import Event, Session
+from sessions_app.models import EffectAudit, Event, Session
 from sessions_app.tools.base import REPLAYS, Definition, Reconciliation, Replay
 
 State = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
@@ -477,3 +483,37 @@ def _replay_problems(call_id: str, before: Attempt, after: Attempt) -> list[str]
     if policy not in REPLAYS or REPLAYS.index(REASONS[why]) < REPLAYS.index(policy):  # type: ignore[arg-type]
         return [f"{call_id}: a `{policy}` tool ran again (attempt {after.number}) as if it were `{REASONS[why]}`"]
     return []
+
+
+def due_for_audit(limit: int) -> list[tuple[uuid.UUID, int]]:
+    """(session id, log head) of at most `limit` sessions active within
+    TERRET_EFFECTS_AUDIT_HOURS whose log moved on since their last audit
+    (or that have none), the longest waiting first."""
+    since = timezone.now() - timedelta(hours=settings.TERRET_EFFECTS_AUDIT_HOURS)
+    moved = Q(effect_audit__isnull=True) | Q(last_seq__gt=F("effect_audit__audited_seq"))
+    rows = Session.objects.filter(moved, last_event_at__gte=since).order_by("last_event_at")
+    return list(rows.values_list("id", "last_seq")[:limit])
+
+
+def audit_recent(limit: int | None = None) -> tuple[int, int]:
+    """Audit the effect ledgers of a bounded batch of recently active
+    sessions (due_for_audit) and keep what each audit found. Returns
+    (sessions audited, problems found). The head is read before the ledger:
+    events appended meanwhile make the session due again, never missed."""
+    limit = settings.TERRET_EFFECTS_AUDIT_BATCH if limit is None else limit
+    audited = found = 0
+    for session_id, head in due_for_audit(limit) if limit > 0 else []:
+        audit = effects_audit(session_id)
+        EffectAudit.objects.update_or_create(
+            session_id=session_id,
+            defaults={
+                "audited_seq": head,
+                "audited_at": timezone.now(),
+                "problems": audit.problems,
+                "found": len(audit.problems),
+                "counts": audit.counts,
+            },
+        )
+        audited += 1
+        found += len(audit.problems)
+    return audited, found

@@ -26,7 +26,11 @@ Unpriced spend under a cost budget: a cost budget cannot be enforced on a
 request whose price is unknown, and unpriced is never $0, so a cost budget
 counts as exhausted as soon as its scope has an unpriced entry (`unpriced`
 in the reason): remove or raise nothing will help but a priced model, a
-budget without a cost limit, or an operator's decision.
+budget without a cost limit, or an operator's decision. Unless the same
+scope has a token budget too: that one bounds the unpriced spend, and the
+cost budget counts the priced spend only. (Every new profile has both by
+default, TERRET_PROFILE_DAILY_*, so a profile on a model with no price is
+bounded by its tokens rather than stopped at its first request.)
 
 The checks read nothing when no budget applies: session limits are known
 from the lease claim's row (Driving.budgeted) and from the turn's view
@@ -260,7 +264,7 @@ def first_exceeded(
         limit = limits.get(name)
         if limit is None:
             continue
-        if name == "cost_usd" and spent.unpriced:
+        if name == "cost_usd" and spent.unpriced and limits.get("tokens") is None:
             return Exceeded(name, scope, limit, spent.cost_usd, spent.unpriced)
         used = spent.of(name)
         if name in ("cost_usd", "tokens"):

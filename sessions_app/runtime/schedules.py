@@ -17,9 +17,11 @@ The row lock is the claim, so `claimed` is never seen committed; `generation`
 counts the claims.
 
 Before each firing the clock checks again what may have changed since the
-schedule was made: the session revoked or archived (the schedule is
-cancelled), an operator's suspension, a budget, the profile's bounds, the
-schedule's own token budget (the firing is skipped, and why is recorded),
+schedule was made: the session revoked or archived, or its owner's account
+deactivated (the schedule is cancelled, `owner_inactive`), its expires_at
+passed or its runs at max_runs (it is completed: a recurring schedule is
+bounded by default, services/schedules.py), an operator's suspension, a
+budget, the profile's bounds, the schedule's own token budget (the firing is skipped, and why is recorded),
 the previous run's input still waiting (coalesced: one pending follow-up per
 schedule), and the runs so far: after `schedule_pause_after` consecutive
 runs whose turns ended empty, failed or rejected it pauses itself.
@@ -61,6 +63,7 @@ from sessions_app.runtime.failures import is_database_outage
 logger = logging.getLogger(__name__)
 
 LIVE = ("pending", "paused")
+OWNER_INACTIVE = "owner_inactive"  # schedule/cancelled's reason, for clients to match
 NO_PROGRESS = ("empty", "failed", "rejected")
 # Misfire counting gives up past this many missed due times (a minutely cron
 # down for a week is "more than 10000", not a loop).
@@ -232,13 +235,17 @@ def _handle(s: Schedule, now: datetime) -> None:
         # no datetime can; fired it would fail on every tick, so it ends here.
         _finish(s, "failed", "its due time lies outside the years 1..9999 in UTC", now)
         return
-    session = Session.objects.select_related("profile").filter(id=s.session_id).first()
+    session = Session.objects.select_related("profile", "owner").filter(id=s.session_id).first()
     stop = _stopped(s, session)
     if stop is not None:
         _finish(s, "cancelled", stop, now, log_it=True)
         return
     assert session is not None
     _count_last_run(s)
+    ended = _ended(s, now)
+    if ended is not None:
+        _finish(s, "completed", ended, now)
+        return
     profile = session.profile
     pause_after = profile.schedule_pause_after if profile is not None else 3
     if pause_after and s.no_progress >= pause_after:
@@ -268,6 +275,21 @@ def _stopped(s: Schedule, session: Session | None) -> str | None:
         return "the session was revoked"
     if getattr(session, "archived_at", None) is not None:
         return "the session was archived"
+    if not session.owner.is_active:
+        # Authority lapses with its owner's account (seed 003): checked at
+        # every due time, so a deactivation stops the schedule at its next.
+        return OWNER_INACTIVE
+    return None
+
+
+def _ended(s: Schedule, now: datetime) -> str | None:
+    """A bound the schedule reached between two firings: its expiry, or a
+    max_runs that an operator (or the upgrade's migration) lowered to or
+    below the runs it has made."""
+    if s.expires_at is not None and now >= s.expires_at:
+        return f"expired at {s.expires_at.isoformat()}"
+    if s.max_runs is not None and s.runs >= s.max_runs:
+        return f"ran {s.runs} time(s) of {s.max_runs}"
     return None
 
 
@@ -351,6 +373,11 @@ def _fire(s: Schedule, session: Session, now: datetime, late: float, missed: int
     nxt = _next_due(s, now)
     if nxt is None:
         _finish(s, "completed", "a one-shot schedule that ran", now, keep_outcome=True)
+        return
+    if s.expires_at is not None and nxt >= s.expires_at:
+        _finish(
+            s, "completed", f"expires at {s.expires_at.isoformat()}, before its next due time", now, keep_outcome=True
+        )
         return
     s.due_at = nxt
     _save(s, now)

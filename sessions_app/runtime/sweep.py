@@ -15,6 +15,9 @@ worker, so the sweep leaves them alone.
 
 A running turn whose holder is alive but has made no progress for
 TERRET_STALL_SECONDS is reported once (turn/stalled; runtime/progress.py).
+Each round also audits the effect ledgers of a few recently active
+sessions (runtime/effects.py audit_recent), bounded by
+TERRET_EFFECTS_AUDIT_BATCH; its findings are on /ops/ and /metrics.
 
 An idle session whose input a budget holds (input/held) is offered again,
 so a new UTC day lets a daily budget's held input run.
@@ -44,7 +47,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import counters, progress, registry
+from sessions_app.runtime import counters, effects, progress, registry
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -144,6 +147,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
         ("reporting stalled turns", progress.report_stalls),
+        ("auditing effect ledgers", _audit_effects),
         ("counting the round", _count_round),
     ]
     for what, part in parts:
@@ -161,6 +165,15 @@ def _count_round() -> list[str]:
     process's other counters since the last round, written (counters.py)."""
     counters.add("sweeps")
     counters.flush()
+    return []
+
+
+def _audit_effects() -> list[str]:
+    """A bounded batch of recently active sessions' effect ledgers audited
+    (effects.audit_recent); what it found is on /ops/ and /metrics."""
+    audited, found = effects.audit_recent()
+    counters.add("effects_audits", audited)
+    counters.add("effects_audit_findings", found)
     return []
 
 

@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
 from sessions_app.log.reads import stalled_since, turn_events
-from sessions_app.models import AgentProfile, Event, OperatorAction, Session, Suspension
+from sessions_app.models import AgentProfile, EffectAudit, Event, OperatorAction, Session, Suspension
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
@@ -170,6 +170,7 @@ class Item:
 
 
 ATTENTION_LIMIT = 200
+ATTENTION_CALLS = 20  # an item's unknown calls, or audit problems, listed at most
 
 
 def attention() -> dict[str, list[Item]]:
@@ -256,12 +257,32 @@ def attention() -> dict[str, list[Item]]:
             "lease_expires_at": s.lease_expires_at.isoformat() if s.lease_expires_at else None,
         },
     )
-    out["unknown_effects"] = of(
-        sessions.filter(open_turn_seq__isnull=False, unknown_effects__gt=0).order_by("last_event_at"),
-        "unknown_effects",
-        "last_event_at",
-        lambda s: {"pending": s.unknown_effects},
-    )
+    # Every turn's, not only the open one's: a cancelled or failed turn's
+    # unknown effect stays here until an operator resolves it.
+    unresolved = list(sessions.filter(unresolved_effects__gt=0).order_by("last_event_at")[:ATTENTION_LIMIT])
+    calls = _unresolved_calls([s.id for s in unresolved])
+    out["unknown_effects"] = [
+        Item(
+            "unknown_effects",
+            str(s.id),
+            s.title or str(s.id),
+            s.last_event_at,
+            {"pending": s.unresolved_effects, "open_turn": s.unknown_effects, "calls": calls.get(s.id, [])},
+        )
+        for s in unresolved
+    ]
+    out["effects_audit"] = [
+        Item(
+            "effects_audit",
+            str(a.session_id),
+            a.session.title or str(a.session_id),
+            a.audited_at,
+            {"problems": a.problems[:ATTENTION_CALLS], "found": a.found, "audited_seq": a.audited_seq},
+        )
+        for a in EffectAudit.objects.filter(found__gt=0)
+        .select_related("session")
+        .order_by("audited_at")[:ATTENTION_LIMIT]
+    ]
     out["stalled"] = [
         _stalled_item(s) for s in sessions.filter(STALL_STANDS).order_by("last_event_at")[:ATTENTION_LIMIT]
     ]
@@ -273,3 +294,24 @@ def _stalled_item(session: Session) -> Item:
     turn/stalled stands): since when, and what it was doing."""
     shown = turn_progress(session)
     return Item("stalled", str(session.id), session.title or str(session.id), stalled_since(session), shown.as_json())
+
+
+def _unresolved_calls(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """Each session's attempts marked unknown that no tool/resolved has
+    answered yet, oldest first, at most ATTENTION_CALLS each: one read of
+    those sessions' tool/unknown and tool/resolved events (index on
+    session, kind, seq), which are few."""
+    rows = (
+        Event.objects.filter(session_id__in=session_ids, kind__in=("tool/unknown", "tool/resolved"))
+        .order_by("session_id", "seq")
+        .values_list("session_id", "seq", "kind", "data")
+    )
+    pending: dict[uuid.UUID, dict[tuple[str, int], dict[str, Any]]] = {}
+    for session_id, seq, kind, data in rows:
+        key = (data["call_id"], data["attempt"])
+        mine = pending.setdefault(session_id, {})
+        if kind == "tool/unknown":
+            mine[key] = {"call_id": key[0], "attempt": key[1], "tool": data.get("name", ""), "seq": seq}
+        else:
+            mine.pop(key, None)
+    return {sid: list(calls.values())[:ATTENTION_CALLS] for sid, calls in pending.items()}

@@ -11,7 +11,7 @@ different request a conflict.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice, pairwise
 from typing import Any
@@ -54,6 +54,11 @@ class Spec:
     max_runs: int | None
     reason: str
     budget_tokens: int | None
+    expires_at: datetime | None = None
+
+    @property
+    def recurring(self) -> bool:
+        return bool(self.every_seconds or self.cron)
 
     def same_as(self, s: Schedule) -> bool:
         return (
@@ -89,7 +94,7 @@ def check_time(when: datetime, *, now: datetime, name: str = "due_at") -> dateti
     return utc
 
 
-def _when(value: Any) -> datetime | None:
+def _when(value: Any, name: str = "due_at") -> datetime | None:
     if value is None or value == "":
         return None
     if isinstance(value, datetime):
@@ -102,9 +107,9 @@ def _when(value: Any) -> datetime | None:
     else:
         parsed = None
     if parsed is None:
-        raise InvalidInput("due_at must be an ISO 8601 date and time")
+        raise InvalidInput(f"{name} must be an ISO 8601 date and time")
     if timezone.is_naive(parsed):
-        raise InvalidInput("due_at must carry a time zone (for example Z or +00:00)")
+        raise InvalidInput(f"{name} must carry a time zone (for example Z or +00:00)")
     return parsed
 
 
@@ -134,6 +139,11 @@ def check_spec(profile: AgentProfile | None, body: dict[str, Any], *, now: datet
     reason = body.get("reason") or ""
     if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
         raise InvalidInput(f"reason must be at most {MAX_REASON_CHARS} characters")
+    expires_at = _when(body.get("expires_at"), "expires_at")
+    if expires_at is not None:
+        expires_at = check_time(expires_at, now=now, name="expires_at")
+        if expires_at <= now:
+            raise InvalidInput("expires_at must lie in the future")
     spec = Spec(
         text,
         None if due_at is None else check_time(due_at, now=now),
@@ -143,9 +153,24 @@ def check_spec(profile: AgentProfile | None, body: dict[str, Any], *, now: datet
         _int(body.get("max_runs"), "max_runs"),
         reason,
         _int(body.get("budget_tokens"), "budget_tokens"),
+        expires_at,
     )
     _check_bounds(profile, spec, now)
-    return spec
+    return _bounded(profile, spec, now)
+
+
+def _bounded(profile: AgentProfile | None, spec: Spec, now: datetime) -> Spec:
+    """Bounded by default: a recurring schedule made without its own
+    max_runs or expires_at gets the profile's (schedule_max_runs,
+    schedule_expires_days; None there: no such bound), whoever makes it."""
+    if profile is None or not spec.recurring:
+        return spec
+    max_runs = spec.max_runs if spec.max_runs is not None else profile.schedule_max_runs
+    expires_at = spec.expires_at
+    if expires_at is None and profile.schedule_expires_days is not None:
+        horizon = settings.TERRET_SCHEDULE_HORIZON_DAYS
+        expires_at = now + timedelta(days=min(profile.schedule_expires_days, horizon))
+    return replace(spec, max_runs=max_runs, expires_at=expires_at)
 
 
 def _check_bounds(profile: AgentProfile | None, spec: Spec, now: datetime) -> None:
@@ -221,6 +246,7 @@ def create(
             cron=spec.cron,
             misfire=spec.misfire,
             max_runs=spec.max_runs,
+            expires_at=spec.expires_at,
             budget_tokens=spec.budget_tokens,
             idempotency_key=key,
             created_by=by,
@@ -237,6 +263,7 @@ def create(
                 "cron": s.cron,
                 "misfire": s.misfire,
                 "max_runs": s.max_runs,
+                "expires_at": s.expires_at.isoformat() if s.expires_at else None,
                 "reason": s.reason,
             },
         )
@@ -323,6 +350,7 @@ def as_json(s: Schedule) -> dict[str, Any]:
         "cron": s.cron or None,
         "misfire": s.misfire,
         "max_runs": s.max_runs,
+        "expires_at": s.expires_at.isoformat() if s.expires_at else None,
         "runs": s.runs,
         "skipped": s.skipped,
         "budget_tokens": s.budget_tokens,

@@ -35,7 +35,16 @@ SECTIONS = [
     ("held_input", "Held input", "Input kept back (a budget or a suspension)."),
     ("approvals", "Parked approvals", "Calls waiting for a reviewer, oldest first."),
     ("expired_leases", "Expired leases", "Open turns no live worker holds."),
-    ("unknown_effects", "Effects of unknown outcome", "Attempts waiting for an operator's answer."),
+    (
+        "unknown_effects",
+        "Effects of unknown outcome",
+        "Attempts waiting for an operator's answer, of open and ended turns alike.",
+    ),
+    (
+        "effects_audit",
+        "Effect audit findings",
+        "What the sweep's audit of recently active sessions' effect ledgers found.",
+    ),
     ("stalled", "Stalled", "Running turns with no progress (no event, no streamed text) for a while."),
 ]
 
