@@ -14,12 +14,13 @@ from sessions_app import services
 from sessions_app.actions.access import by, session_for
 from sessions_app.errors import InvalidInput, UnknownSession
 from sessions_app.log.reads import blocked_info, events_page, stalled_since, usage, waiting_info
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
 from sessions_app.services.operators import turn_progress
+from sessions_app.validation import int_in_column
 
 
 def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
@@ -147,6 +148,7 @@ def events(user: Any, session_id: Any, after: int, limit: int) -> EventsPage:
     """A page of the log after `after`: at most `limit` events and at most
     TERRET_READ_MAX_BYTES of them (log.reads.events_page)."""
     session = session_for(user, session_id, "view")
+    after = int_in_column("after", after, Event._meta.get_field("seq"), minimum=0)
     page = events_page(session.id, after, limit)
     # Read the head after the page, so last_seq >= every seq returned.
     last_seq = head(session.id)

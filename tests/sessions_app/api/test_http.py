@@ -246,7 +246,9 @@ def test_events_default_reads_from_the_start(client, auth, session):
     assert [e["kind"] for e in page["events"]] == ["agent/spawned"]
 
 
-@pytest.mark.parametrize("query", ["after=-1", "limit=0", "limit=1001", "after=x", "limit=1.5"])
+@pytest.mark.parametrize(
+    "query", ["after=-1", "limit=0", "limit=1001", "after=x", "limit=1.5", f"after={2**63}", f"after={10**30}"]
+)
 def test_bad_event_queries_are_400(client, auth, session, query):
     response = call(client, "GET", url(session, f"/events?{query}"), **auth)
     assert response.status_code == 400
