@@ -21,7 +21,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
-from approvals_app.selectors import Verdict, approval_records, auto_approved
+from approvals_app.selectors import Verdict, approval_records, auto_approved, waiver_grant
 from sessions_app import log
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile, Event
@@ -119,7 +119,11 @@ def check(
         if any(r.open for r in records):
             return GateDecision("park")
         if _waived(ctx, defn):
-            return GateDecision("run")
+            lapse = waiver_lapsed(ctx, defn)
+            if lapse is None:
+                return GateDecision("run")
+            why = f"the reviewer's allow-for-this-session no longer stands ({lapse})"
+            return GateDecision("ask", why, deadline=_deadline(ctx, overrides, defn))
         return GateDecision("ask", deadline=_deadline(ctx, overrides, defn))
     if record.verdict is None:
         return GateDecision("park")
@@ -146,6 +150,19 @@ def void_reason(events: list[LoggedEvent], verdict: Verdict) -> str | None:
     else:  # a verdict from before grounds were recorded: its reviewer by name
         user = users.filter(**{users.model.USERNAME_FIELD: verdict.by}).first() if verdict.by else None
     return lapsed(verdict.grounds, user)
+
+
+def waiver_lapsed(ctx: CallContext | None, defn: Definition) -> str | None:
+    """Why a waiver of `defn` no longer stands (None: it does): the reviewer
+    who allowed the tool for the session lost the authority it rested on, as
+    an approval's would (a waiver is a standing grant, so it is held to the
+    same rule at every call). A waiver recorded before grants were is kept."""
+    if ctx is None:
+        return None
+    grant = waiver_grant(ctx.session_id, ctx.policy_seq, defn.name)
+    if grant is None or not isinstance(grant.get("user_id"), int):
+        return None
+    return lapsed(grant, get_user_model().objects.filter(pk=grant["user_id"]).first())
 
 
 def _started(events: list[LoggedEvent], call_id: str, verdict_seq: int) -> bool:

@@ -332,6 +332,21 @@ def auto_approved(session_id: uuid.UUID | str, policy_seq: int | None, tool: str
     return tool in waived_tools(session_id, policy_seq)
 
 
+def waiver_grant(session_id: uuid.UUID | str, policy_seq: int | None, tool: str) -> dict[str, Any] | None:
+    """The grounds of the reviewer whose "allow for this session" waived
+    `tool` in the policy at `policy_seq` (None: none recorded)."""
+    if policy_seq is None:
+        return None
+    data = (
+        Event.objects.filter(session_id=session_id, seq=policy_seq, kind="policy/updated")
+        .values_list("data", flat=True)
+        .first()
+    )
+    grants = (data or {}).get("grants")
+    grant = grants.get(tool) if isinstance(grants, dict) else None
+    return grant if isinstance(grant, dict) else None
+
+
 def waived_tools(session_id: uuid.UUID | str, policy_seq: int | None) -> list[str]:
     """The tools the policy/updated at `policy_seq` lets run without asking."""
     if policy_seq is None:

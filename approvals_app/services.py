@@ -168,7 +168,7 @@ def decide(
             raise AlreadyDecided(f"call {call_id} was asked again meanwhile; review the newer request")
         policy_seq = tx.row["policy_seq"]
         if allow_for_session:
-            allow_without_approval(tx, record.name, by=by)
+            allow_without_approval(tx, record.name, by=by, grounds=grounds_of(user))
             policy_seq = next((e.seq for e in reversed(tx.appended) if e.kind == "policy/updated"), policy_seq)
         data: dict[str, Any] = {"call_id": call_id, "verdict": verdict}
         if reason:

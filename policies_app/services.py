@@ -45,20 +45,31 @@ def update_policy(session_id: uuid.UUID | str, patterns: Any, *, user: Any) -> A
     clean = validate_patterns(patterns)
     with log.locked(sid) as tx:
         data: dict[str, Any] = {"patterns": clean, "by": user.get_username()}
-        waived = _waived_tools(tx)
-        if waived:
-            data["auto_approve"] = waived  # a new allow-list keeps the reviewers' waivers
+        _keep_waivers(data, _waivers(tx))  # a new allow-list keeps the reviewers' waivers
         return tx.append("policy/updated", data)
 
 
-def _waived_tools(tx: log.SessionTx) -> list[str]:
-    """The tools the policy in force lets run without asking (read under the row lock)."""
+def _waivers(tx: log.SessionTx) -> dict[str, dict[str, Any] | None]:
+    """The tools the policy in force lets run without asking, each with the
+    grounds of the reviewer who allowed it (None for a waiver recorded before
+    grants were), read under the row lock."""
     seq = tx.row["policy_seq"]
     if seq is None:
-        return []
+        return {}
     data = Event.objects.filter(session_id=tx.session_id, seq=seq).values_list("data", flat=True).first() or {}
     names = data.get("auto_approve") or []
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    grants: dict[str, Any] = data["grants"] if isinstance(data.get("grants"), dict) else {}
+    if not isinstance(names, list):
+        return {}
+    return {n: grants.get(n) for n in names if isinstance(n, str)}
+
+
+def _keep_waivers(data: dict[str, Any], waivers: dict[str, dict[str, Any] | None]) -> None:
+    if waivers:
+        data["auto_approve"] = list(waivers)
+        grants = {name: grant for name, grant in waivers.items() if grant is not None}
+        if grants:
+            data["grants"] = grants
 
 
 def ask_again(session_id: uuid.UUID | str, tool: Any, *, user: Any) -> AppendedEvent:
@@ -69,18 +80,18 @@ def ask_again(session_id: uuid.UUID | str, tool: Any, *, user: Any) -> AppendedE
     if not (can_drive(user, session) or can_approve(user, session)):
         raise NotAllowed("only the session's owner, staff or a reviewer may make a tool ask again")
     with log.locked(sid) as tx:
-        waived = _waived_tools(tx)
-        if not isinstance(tool, str) or tool not in waived:
+        waivers = _waivers(tx)
+        if not isinstance(tool, str) or tool not in waivers:
             raise InvalidInput(f"{str(tool)[:100]!r} already asks for approval in this session")
         policy = current_policy(sid, known_seq=tx.row["policy_seq"])
         data: dict[str, Any] = {"patterns": list(policy.patterns), "by": user.get_username()}
-        rest = [n for n in waived if n != tool]
-        if rest:
-            data["auto_approve"] = rest
+        _keep_waivers(data, {n: g for n, g in waivers.items() if n != tool})
         return tx.append("policy/updated", data)
 
 
-def allow_without_approval(tx: log.SessionTx, tool: str, *, by: str) -> AppendedEvent:
+def allow_without_approval(
+    tx: log.SessionTx, tool: str, *, by: str, grounds: dict[str, Any] | None = None
+) -> AppendedEvent:
     """Within `tx` (the caller holds the row lock, e.g. a reviewer's verdict):
     append the policy in force again with `tool` added to the tools that run
     without asking for the rest of the session. The allow-list is unchanged;
@@ -90,8 +101,8 @@ def allow_without_approval(tx: log.SessionTx, tool: str, *, by: str) -> Appended
     policy = current_policy(tx.session_id, known_seq=seq)
     if policy.source == "closed":
         raise InvalidInput("the session's policy cannot be read, so no tool can be allowed for it")
-    waived = _waived_tools(tx)
-    if tool not in waived:
-        waived.append(tool)
-    data = {"patterns": list(policy.patterns), "by": by, "auto_approve": waived}
+    waivers = _waivers(tx)
+    waivers[tool] = grounds  # the newest grant of the tool is the one the gate checks
+    data: dict[str, Any] = {"patterns": list(policy.patterns), "by": by}
+    _keep_waivers(data, waivers)
     return tx.append("policy/updated", data)

@@ -827,6 +827,9 @@ CATALOGUE: dict[str, Kind] = {
                     "by": _STR,
                     # Tools a reviewer allowed to run without asking, for the rest of the session.
                     "auto_approve": {"type": "array", "items": _NONEMPTY},
+                    # Per waived tool, the grounds of the reviewer who allowed it (permissions.grounds_of);
+                    # the gate checks them again before a waived call runs.
+                    "grants": {"type": "object", "additionalProperties": {"type": "object"}},
                 },
                 ["patterns"],
             ),

@@ -106,6 +106,31 @@ class TestInTheLoop:
         assert [v["reason"] for v in events(session, "approval/voided")] == ["reviewer_left_group"]
         assert not written(session, tmp_path) and len(pending(session.id)) == 1
 
+    def test_a_waiver_lapses_with_its_reviewer(
+        self, fake_llm: Any, session: Session, reviewer: Any, tmp_path: Path
+    ) -> None:
+        """ "Allow for this session" is a standing grant: a later call of the
+        tool runs on it while its reviewer may still decide, and is asked
+        about again (never run) once the reviewer is deactivated."""
+        write_b = ("workspace.write", {"path": "b.txt", "content": "again"})
+        fake_llm.script(Reply(tool_calls=[WRITE_A]), Reply(text="done"), Reply(tool_calls=[write_b]))
+        services.run_turn(session.id, "write it")
+        assert drive(session.id) == "parked"
+        [call] = pending(session.id)
+        approvals.decide(session.id, call.call_id, "approve", user=reviewer, allow_for_session=True)
+        assert drive(session.id) == "ended" and written(session, tmp_path)
+        [policy] = events(session, "policy/updated")
+        assert policy["auto_approve"] == ["workspace.write"]
+        assert policy["grants"]["workspace.write"]["user_id"] == reviewer.pk
+
+        deactivate(reviewer)
+        services.run_turn(session.id, "write another")
+        assert drive(session.id) == "parked"
+        assert not (tmp_path / session.id.hex / "b.txt").exists()
+        [again] = pending(session.id)
+        assert again.name == "workspace.write"
+        assert len(events(session, "tool/attempt")) == 1  # only the first call ran
+
     def test_revoked_and_restored_since_the_verdict_never_runs(
         self, fake_llm: Any, session: Session, reviewer: Any, tmp_path: Path
     ) -> None:

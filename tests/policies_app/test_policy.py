@@ -346,5 +346,9 @@ def test_a_step_of_local_calls_reads_no_policy(fake_llm: Any, make_user: Any, ma
         # The claim (which reads the turn too), the first step/start, one
         # commit per step (each with the next step/start; the last with
         # turn/end and the lease's release).
-        rest = [s for s in statements if s not in window_reads + suspension_reads]
+        # Every profile has a daily budget by default (TERRET_PROFILE_DAILY_*),
+        # so each step reads the profile's day once (runtime/limits.py).
+        day_reads = [s for s in statements if s.lstrip().startswith("SELECT") and "sessions_app_usageday" in s]
+        assert len(day_reads) == 3, day_reads
+        rest = [s for s in statements if s not in window_reads + suspension_reads + day_reads]
         assert len(rest) == 1 + 1 + 3, rest
