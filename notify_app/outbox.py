@@ -46,12 +46,17 @@ def channels(user: Any, person: PersonNotifications, profile: ProfileNotificatio
     return out
 
 
+def _any_channel() -> bool:
+    """Whether anyone can be told at all (no email server, no webhook: one query, not a row per reviewer)."""
+    return bool(settings.TERRET_EMAIL_ON) or PersonNotifications.objects.exclude(webhook_url="").exists()
+
+
 def enqueue(event: AppendedEvent) -> list[int]:
     """The rows for a committed event, made once: a second call (the event
     seen again) adds nothing, by the unique (event, recipient, channel).
     Returns the ids still pending."""
     rule = RULES.get(event.kind)
-    if rule is None or not rule.applies(event.data):
+    if rule is None or not rule.applies(event.data) or not _any_channel():
         return []
     session = Session.objects.filter(pk=event.session_id).only("id", "owner_id", "profile_id", "title").first()
     if session is None:

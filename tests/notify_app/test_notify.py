@@ -261,3 +261,25 @@ def test_settings_page_saves_and_never_shows_the_secret(client: Any, owner: Any,
     assert refused.status_code == 400 and "private, loopback or link-local" in refused.content.decode()
     row = PersonNotifications.objects.get(user=owner)
     assert (row.email, row.webhook_url) == (False, "http://127.0.0.1:9/hook")  # the refused form changed nothing
+
+
+# ---------------------------------------------------------------- the admin
+
+
+@pytest.mark.usefixtures("manual_worker")
+def test_admin_shows_the_outbox_and_sends_an_unknown_row_again(
+    client: Any, session: Session, people: dict[str, Any], mailbox: Mailbox, django_user_model: Any
+) -> None:
+    park(session.id)
+    row = Notification.objects.filter(session=session, channel="email").first()
+    assert row is not None
+    Notification.objects.filter(pk=row.pk).update(status="unknown", due_at=None)
+    client.force_login(django_user_model.objects.create_superuser("root", "", "root-pass-123"))
+    assert client.get("/admin/notify_app/notification/").status_code == 200
+    assert client.get(f"/admin/notify_app/notification/{row.pk}/change/").status_code == 200
+    assert client.get("/admin/notify_app/profilenotifications/").status_code == 200
+    page = client.get(f"/admin/notify_app/personnotifications/{people['rev'].pk}/change/").content.decode()
+    assert SECRET not in page and SECRET[-4:] in page
+    client.post("/admin/notify_app/notification/", {"action": "send_again", "_selected_action": [row.pk]}, follow=True)
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("pending", 0)
