@@ -12,8 +12,9 @@ exactly there.
 Rows reach a sender two ways: a wake-up with their ids right after they are
 made (a Celery task by name, or this process's small pool in embedded mode),
 and each worker's sender thread, which every TERRET_NOTIFY_POLL_SECONDS
-takes what is due (retries, lost wake-ups, a dead sender's claims) and
-leaves a dead sender's interrupted sends unknown.
+takes what is due (retries, lost wake-ups, a dead sender's claims), leaves
+a dead sender's interrupted sends unknown, and makes the rows of events
+whose listener never ran (outbox.Backfill).
 """
 
 from __future__ import annotations
@@ -150,10 +151,15 @@ def deliver_many(ids: list[int]) -> dict[int, str]:
         connection.close()  # a pool thread or a task: no connection kept between runs
 
 
+_backfill = outbox.Backfill()
+
+
 def sweep_once() -> int:
-    """One round of the sender thread: interrupted sends left unknown, then
-    everything due sent. Returns how many rows were due."""
+    """One round of the sender thread: interrupted sends left unknown, rows
+    made for events whose listener never ran, then everything due sent.
+    Returns how many rows were due."""
     outbox.expire_sending()
+    _backfill.run()
     ids = outbox.due_ids()
     for nid in ids:
         deliver(nid)

@@ -20,7 +20,7 @@ from django.utils import timezone
 from notify_app.models import Notification, PersonNotifications, ProfileNotifications
 from notify_app.rules import RULES
 from sessions_app.log import AppendedEvent
-from sessions_app.models import Session
+from sessions_app.models import Event, Session
 
 MAX_ERROR_CHARS = 2000
 
@@ -151,3 +151,43 @@ def requeue(ids: list[int]) -> int:
     """An operator's "send again" for unknown or failed rows (the admin)."""
     again = Notification.objects.filter(pk__in=ids, status__in=("unknown", "failed"))
     return again.update(status="pending", due_at=timezone.now(), attempts=0)
+
+
+class Backfill:
+    """Rows for events whose listener never ran (the appending process died
+    between the event's commit and its listener): each sender thread walks
+    the events table by primary key and enqueues the kinds of RULES, which
+    adds nothing where the listener did its work (the unique key).
+
+    It looks only at events older than GRACE (the listener has had its
+    chance, and an append whose id was taken earlier has committed by then),
+    reads at most BATCH rows a round, and starts LOOKBACK_EVENTS back from the
+    newest event, skipping events older than LOOKBACK (what a process that
+    died just before this one started may have left).
+    """
+
+    GRACE = timedelta(seconds=10)
+    LOOKBACK = timedelta(hours=1)
+    LOOKBACK_EVENTS = 10_000
+    BATCH = 2000
+
+    def __init__(self) -> None:
+        self.cursor: int | None = None
+
+    def run(self) -> int:
+        """One round; how many events of the table's kinds it enqueued."""
+        now = timezone.now()
+        newest = Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        if self.cursor is None or self.cursor > newest:  # first round, or a table emptied (tests)
+            self.cursor = max(0, newest - self.LOOKBACK_EVENTS)
+        rows = Event.objects.filter(pk__gt=self.cursor).order_by("pk").values_list("pk", "kind", "created_at")
+        wanted: list[int] = []
+        for pk, kind, created_at in rows[: self.BATCH]:
+            if created_at > now - self.GRACE:
+                break
+            self.cursor = pk
+            if kind in RULES and created_at >= now - self.LOOKBACK:
+                wanted.append(pk)
+        for event in Event.objects.filter(pk__in=wanted).order_by("pk"):
+            enqueue(AppendedEvent(event.session_id, event.seq, event.kind, event.data, event.created_at))
+        return len(wanted)

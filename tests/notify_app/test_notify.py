@@ -193,6 +193,27 @@ def test_a_send_interrupted_by_a_crash_is_left_unknown_and_not_resent(
     assert started.status == "sent"
 
 
+@pytest.mark.usefixtures("manual_worker")
+def test_an_event_whose_listener_never_ran_is_told_by_the_backfill(
+    session: Session, people: dict[str, Any], mailbox: Mailbox, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The appending process died between the commit and its listener: the
+    sender thread's walk of the events table makes the rows, once."""
+    with monkeypatch.context() as crash:
+        crash.setattr(outbox, "enqueue", lambda event: [])
+        park(session.id)
+    assert rows(session) == []
+    monkeypatch.setattr(outbox.Backfill, "GRACE", timedelta(0))
+    monkeypatch.setattr(delivery, "_backfill", outbox.Backfill())
+    delivery.sweep_once()
+    assert rows(session) == [("boss", "email", "sent"), ("rev", "email", "sent"), ("rev", "webhook", "sent")]
+    delivery.sweep_once()
+    assert len(mailbox.messages) == 2 and len(receiver.deliveries) == 1
+    monkeypatch.setattr(delivery, "_backfill", outbox.Backfill())  # a fresh process walks the same events
+    delivery.sweep_once()
+    assert len(mailbox.messages) == 2 and len(receiver.deliveries) == 1
+
+
 # ---------------------------------------------------------------- the person's settings
 
 
