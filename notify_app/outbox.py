@@ -23,6 +23,13 @@ from sessions_app.log import AppendedEvent
 from sessions_app.models import Event, Session
 
 MAX_ERROR_CHARS = 2000
+MAX_SUMMARY_CHARS = 300
+
+
+def _one_line(text: str) -> str:
+    """A summary fit for an email's subject: one line (a title or a reason may hold newlines), bounded."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_SUMMARY_CHARS else line[: MAX_SUMMARY_CHARS - 1] + "…"
 
 
 def person_settings(user: Any) -> PersonNotifications:
@@ -62,7 +69,7 @@ def enqueue(event: AppendedEvent) -> list[int]:
     if session is None:
         return []
     profile = profile_settings(session.profile_id)
-    summary = rule.summary(event.data) + (f" in “{session.title}”" if session.title else "")
+    summary = _one_line(rule.summary(event.data) + (f" in “{session.title}”" if session.title else ""))
     rows = []
     for user in rule.recipients(session, event).distinct():
         for channel in channels(user, person_settings(user), profile):

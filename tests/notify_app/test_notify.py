@@ -15,6 +15,7 @@ from notify_app.models import Notification, PersonNotifications, ProfileNotifica
 from sessions_app import log
 from sessions_app.models import Session
 from tests.approvals_app.conftest import park
+from tests.helpers import wait_for
 from tests.notify_app.conftest import SECRET, Mailbox, Receiver
 from tests.sessions_app.apiutil import bearer, token_for
 
@@ -153,7 +154,7 @@ def test_what_needs_the_owner_and_operators(
     Session.objects.filter(pk=session.pk).update(owner=make_user("own", email="own@example.com"))
     with log.locked(session.id) as tx:
         tx.append("turn/start", {})
-        tx.append("turn/blocked", {"reason": "the model is down", "attempts": 3, "code": "retries_exhausted"})
+        tx.append("turn/blocked", {"reason": "the model\nis down", "attempts": 3, "code": "retries_exhausted"})
     budget = {"budget": "cost_usd", "scope": "session", "limit": 1, "spent": 1}
     log.append(session.id, "input/held", {"source_seq": 1, "reason": budget})
     log.append(session.id, "input/held", {"source_seq": 1, "reason": {"hold": "suspended", "scope": "global"}})
@@ -167,6 +168,8 @@ def test_what_needs_the_owner_and_operators(
     delivery.sweep_once()
     [held] = [m for m in mailbox.to("own@example.com") if "budget" in m["Subject"]]
     assert "budget exhausted: cost_usd (session)" in held["Subject"]
+    [blocked] = [m for m in mailbox.to("own@example.com") if "blocked" in m["Subject"]]
+    assert blocked["Subject"] == "[Terret] turn blocked: the model is down"  # one line, whatever the reason holds
 
 
 @pytest.mark.usefixtures("manual_worker")
@@ -304,3 +307,13 @@ def test_admin_shows_the_outbox_and_sends_an_unknown_row_again(
     client.post("/admin/notify_app/notification/", {"action": "send_again", "_selected_action": [row.pk]}, follow=True)
     row.refresh_from_db()
     assert (row.status, row.attempts) == ("pending", 0)
+
+
+def test_embedded_mode_sends_on_this_process_pool(
+    session: Session, people: dict[str, Any], mailbox: Mailbox, receiver: Receiver, settings: Any
+) -> None:
+    """Without Celery the listener's wake-up sends on this process's own pool, at once."""
+    settings.TERRET_WORKER = "inprocess"
+    park(session.id, new_turn=True)
+    wait_for(lambda: [s for *_, s in rows(session)] == ["sent"] * 3, 20, "the pool to send all three")
+    assert len(mailbox.messages) == 2 and len(receiver.deliveries) == 1
