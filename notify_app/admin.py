@@ -1,5 +1,5 @@
-"""The admin: each profile's notification channels; people's settings (the
-secret never shown); the outbox, read-only, with "send again" for rows whose
+"""The admin: each profile's notification channels (an inline on the
+profile's page); people's settings (the secret never shown); the outbox, read-only, with "send again" for rows whose
 outcome is unknown or whose attempts ran out."""
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from notify_app import outbox, services
 from notify_app.models import Notification, PersonNotifications, ProfileNotifications
 
 
-@admin.register(ProfileNotifications)
-class ProfileNotificationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("profile", "email", "webhook")
-    list_editable = ("email", "webhook")
+class ProfileNotificationsInline(admin.StackedInline):  # type: ignore[type-arg]
+    """On the profile's own page (sessions_app/admin.py): which channels its sessions' notifications use."""
+
+    model = ProfileNotifications
+    can_delete = False
+    max_num = 1
+    verbose_name_plural = "notification channels (none saved: email and webhooks both on)"
 
 
 @admin.register(PersonNotifications)

@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
+from notify_app.admin import ProfileNotificationsInline
 from sessions_app import services
 from sessions_app.actions.words import compact_outcome, status_label
 from sessions_app.errors import AgentBusy, InvalidInput, NotAllowed, TerretError, UnknownSession
@@ -123,6 +124,7 @@ class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     list_display = ["name", "summarizer", "compaction_budget", "created_at"]
     search_fields = ["name", "description"]
     actions = ["suspend_profiles", "resume_profiles"]
+    inlines = [ProfileNotificationsInline]  # which channels its sessions' notifications use (docs/notifications.md)
 
     @admin.action(description="Suspend admission for these profiles")
     def suspend_profiles(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:

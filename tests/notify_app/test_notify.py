@@ -4,6 +4,7 @@ Runs on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -301,7 +302,22 @@ def test_admin_shows_the_outbox_and_sends_an_unknown_row_again(
     client.force_login(django_user_model.objects.create_superuser("root", "", "root-pass-123"))
     assert client.get("/admin/notify_app/notification/").status_code == 200
     assert client.get(f"/admin/notify_app/notification/{row.pk}/change/").status_code == 200
-    assert client.get("/admin/notify_app/profilenotifications/").status_code == 200
+    profile_page = f"/admin/sessions_app/agentprofile/{session.profile_id}/change/"
+    assert "notification channels" in client.get(profile_page).content.decode()
+    assert ProfileNotifications.objects.count() == 0
+    page = client.get(profile_page)
+    data = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    data.update({k: json.dumps(v) for k, v in data.items() if isinstance(v, list | dict)})
+    data.update({"created_at_0": "2026-01-01", "created_at_1": "00:00:00"})
+    [inline] = page.context["inline_admin_formsets"]
+    management = inline.formset.management_form
+    data.update({management.add_prefix(k): v for k, v in management.initial.items()})
+    data.update({"notify_settings-0-webhook": "on", "notify_settings-0-profile": str(session.profile_id)})
+    assert client.post(profile_page, data).status_code == 302  # email left unticked: off
+    assert ProfileNotifications.objects.filter(profile=session.profile).values_list("email", "webhook").get() == (
+        False,
+        True,
+    )
     page = client.get(f"/admin/notify_app/personnotifications/{people['rev'].pk}/change/").content.decode()
     assert SECRET not in page and SECRET[-4:] in page
     client.post("/admin/notify_app/notification/", {"action": "send_again", "_selected_action": [row.pk]}, follow=True)
