@@ -61,7 +61,6 @@ INSTALLED_APPS = [
     "sessions_app",
     "approvals_app",
     "policies_app",
-    "notify_app",
 ]
 
 MIDDLEWARE = [
@@ -267,7 +266,7 @@ TERRET_INTAKE_MAX_ITEMS = env_int("TERRET_INTAKE_MAX_ITEMS", 64, minimum=1)
 TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=1)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
-# The notification sender's points are per channel (`notify_sent:email=30`; notify_app/delivery.py).
+# The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py).
 TERRET_FAILPOINTS = env_pauses(
     "TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect", "notify_claimed", "notify_sent"})
 )
@@ -294,7 +293,7 @@ TERRET_LG_CORS_ORIGINS = env_list("TERRET_LG_CORS_ORIGINS", [])
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
 MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
 
-# --- notifications (notify_app, docs/notifications.md) -----------------------
+# --- notifications (sessions_app/notify/, docs/notifications.md) -----------
 # Email goes out through Django's mailers (MAILERS, Django 6.1), by SMTP with the settings
 # below. Email notifications are on only when EMAIL_HOST is set; each person and each
 # profile then chooses (the settings page, the admin).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from notify_app import services as notify_services
 from sessions_app.errors import Unauthenticated
+from sessions_app.notify import services as notify_services
 
 
 def _person(user: Any) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("sessions_app", "approvals_app", "policies_app", "notify_app", "terret_site")
+PACKAGES = ("sessions_app", "approvals_app", "policies_app", "terret_site")
 
 
 def project_modules() -> list[Path]:

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from notify_app import delivery, outbox
-from notify_app.models import Notification, PersonNotifications, ProfileNotifications
 from sessions_app import log
-from sessions_app.models import Session
+from sessions_app.models import Notification, PersonNotifications, ProfileNotifications, Session
+from sessions_app.notify import delivery, outbox
 from tests.approvals_app.conftest import park
 from tests.helpers import wait_for
-from tests.notify_app.conftest import SECRET, Mailbox, Receiver
 from tests.sessions_app.apiutil import bearer, token_for
+from tests.sessions_app.notify.conftest import SECRET, Mailbox, Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -300,8 +299,8 @@ def test_admin_shows_the_outbox_and_sends_an_unknown_row_again(
     assert row is not None
     Notification.objects.filter(pk=row.pk).update(status="unknown", due_at=None)
     client.force_login(django_user_model.objects.create_superuser("root", "", "root-pass-123"))
-    assert client.get("/admin/notify_app/notification/").status_code == 200
-    assert client.get(f"/admin/notify_app/notification/{row.pk}/change/").status_code == 200
+    assert client.get("/admin/sessions_app/notification/").status_code == 200
+    assert client.get(f"/admin/sessions_app/notification/{row.pk}/change/").status_code == 200
     profile_page = f"/admin/sessions_app/agentprofile/{session.profile_id}/change/"
     assert "notification channels" in client.get(profile_page).content.decode()
     assert ProfileNotifications.objects.count() == 0
@@ -318,9 +317,11 @@ def test_admin_shows_the_outbox_and_sends_an_unknown_row_again(
         False,
         True,
     )
-    page = client.get(f"/admin/notify_app/personnotifications/{people['rev'].pk}/change/").content.decode()
+    page = client.get(f"/admin/sessions_app/personnotifications/{people['rev'].pk}/change/").content.decode()
     assert SECRET not in page and SECRET[-4:] in page
-    client.post("/admin/notify_app/notification/", {"action": "send_again", "_selected_action": [row.pk]}, follow=True)
+    client.post(
+        "/admin/sessions_app/notification/", {"action": "send_again", "_selected_action": [row.pk]}, follow=True
+    )
     row.refresh_from_db()
     assert (row.status, row.attempts) == ("pending", 0)
 

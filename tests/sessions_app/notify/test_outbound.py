@@ -9,7 +9,7 @@ import pytest
 
 from sessions_app import outbound
 from sessions_app.errors import UnsafeUrl
-from tests.notify_app.conftest import Receiver
+from tests.sessions_app.notify.conftest import Receiver
 
 
 def resolving_to(monkeypatch: pytest.MonkeyPatch, *answers: str) -> list[str]:

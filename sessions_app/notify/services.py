@@ -12,9 +12,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from notify_app.models import PersonNotifications
 from sessions_app import outbound
 from sessions_app.errors import InvalidInput
+from sessions_app.models import PersonNotifications
 from sessions_app.validation import clean_text
 
 MIN_SECRET_CHARS = 16

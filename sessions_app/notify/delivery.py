@@ -33,9 +33,9 @@ from django.core import mail
 from django.core.mail import EmailMessage
 from django.db import connection
 
-from notify_app import outbox
-from notify_app.models import Notification
 from sessions_app import outbound
+from sessions_app.models import Notification
+from sessions_app.notify import outbox
 from sessions_app.runtime import failpoints, lifecycle
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,9 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from notify_app.models import Notification, PersonNotifications, ProfileNotifications
-from notify_app.rules import RULES
 from sessions_app.log import AppendedEvent
-from sessions_app.models import Event, Session
+from sessions_app.models import Event, Notification, PersonNotifications, ProfileNotifications, Session
+from sessions_app.notify.rules import RULES
 
 MAX_ERROR_CHARS = 2000
 MAX_SUMMARY_CHARS = 300

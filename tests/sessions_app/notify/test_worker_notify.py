@@ -2,7 +2,7 @@
 sends exactly one email to each reviewer and one signed webhook, and a
 kill -9 of the sender mid-delivery still gives exactly one of each.
 
-The sender is killed at each failpoint of notify_app/delivery.py:
+The sender is killed at each failpoint of sessions_app/notify/delivery.py:
 `notify_claimed` (claimed, nothing sent yet: a second worker sends it) and
 `notify_sent` (sent, not yet marked: it must not be sent again).
 """
@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from notify_app.models import Notification, PersonNotifications
 from sessions_app import services
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import AgentProfile, Notification, PersonNotifications, Session
 from tests.fakes.fake_llm import Reply
 from tests.helpers import wait_for
-from tests.notify_app.conftest import SECRET, Mailbox, Receiver
+from tests.sessions_app.notify.conftest import SECRET, Mailbox, Receiver
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
