@@ -46,7 +46,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sessions_app.models import Event, ModelTally, RuntimeCounter, Session, TurnTally, UsageDay, WorkerProcess
+from sessions_app.models import (
+    NOTIFY_STATUSES,
+    Event,
+    ModelTally,
+    Notification,
+    RuntimeCounter,
+    Session,
+    TurnTally,
+    UsageDay,
+    WorkerProcess,
+)
 
 # Session.status's precedence, written as conditions on the projection columns.
 _OPEN = Q(open_turn_seq__isnull=False)
@@ -93,6 +103,7 @@ class DatabaseCollector(Collector):
         yield from self._usage()
         yield from self._models()
         yield from self._runtime()
+        yield self._notifications()
 
     def _sessions(self, now: datetime) -> Iterable[Metric]:
         live = _OPEN & ~Q(lease_owner="") & Q(lease_expires_at__gt=now)
@@ -251,6 +262,17 @@ class DatabaseCollector(Collector):
             "Worker processes registered with a liveness lock.",
             WorkerProcess.objects.count(),
         )
+
+    def _notifications(self) -> Metric:
+        rows = dict(Notification.objects.values_list("status").annotate(n=Count("pk")).order_by("status"))
+        by_status = GaugeMetricFamily(
+            "terret_notifications",
+            "Notification outbox rows by state (docs/notifications.md); failed and unknown ones wait for an operator.",
+            labels=["status"],
+        )
+        for status in NOTIFY_STATUSES:
+            by_status.add_metric([status], _int(rows.get(status)))
+        return by_status
 
 
 REGISTRY = CollectorRegistry()

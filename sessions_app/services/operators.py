@@ -23,7 +23,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
 from sessions_app.log.reads import turn_events
-from sessions_app.models import AgentProfile, Event, OperatorAction, Session, Suspension
+from sessions_app.models import AgentProfile, Event, Notification, OperatorAction, Session, Suspension
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.registry import lease_live
@@ -258,4 +258,35 @@ def attention() -> dict[str, list[Item]]:
         "last_event_at",
         lambda s: {"pending": s.unknown_effects},
     )
+    out["notifications"] = _notifications()
     return out
+
+
+def _notifications() -> list[Item]:
+    """Notifications nobody will send by themselves: failed (the attempts ran
+    out) or unknown (the sender stopped mid-send); the admin's "send again"
+    takes them (docs/notifications.md)."""
+    rows = (
+        Notification.objects.filter(status__in=("failed", "unknown"))
+        .select_related("session", "recipient")
+        .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    return [
+        Item(
+            "notification",
+            str(n.session_id),
+            n.session.title or str(n.session_id),
+            n.created_at,
+            {
+                "id": n.pk,
+                "name": n.name,
+                "seq": n.seq,
+                "channel": n.channel,
+                "status": n.status,
+                "recipient": n.recipient.get_username(),
+                "attempts": n.attempts,
+                "error": n.last_error,
+            },
+        )
+        for n in rows
+    ]

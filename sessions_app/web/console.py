@@ -38,6 +38,7 @@ SECTIONS = [
     ("approvals", "Parked approvals", "Calls waiting for a reviewer, oldest first."),
     ("expired_leases", "Expired leases", "Open turns no live worker holds."),
     ("unknown_effects", "Effects of unknown outcome", "Attempts waiting for an operator's answer."),
+    ("notifications", "Notifications not sent", "Attempts ran out, or a send of unknown outcome."),
 ]
 
 
