@@ -1,5 +1,8 @@
 """The admin: agent profiles (validated on save), live agents (read-only,
-disposed by an action), sessions and their log (read-only), API tokens.
+disposed by an action), sessions and their log (read-only), API tokens,
+notifications (a profile's channels as an inline of its page; people's settings,
+the secret never shown; the outbox, read-only, with "send again" for rows whose
+outcome is unknown or whose attempts ran out).
 Operators' actions (suspend, resume, revoke, restore) are admin actions on
 sessions and profiles, through services/operators.py (reason "via admin")."""
 
@@ -16,7 +19,19 @@ from sessions_app import services
 from sessions_app.actions.words import compact_outcome, status_label
 from sessions_app.errors import AgentBusy, InvalidInput, NotAllowed, TerretError, UnknownSession
 from sessions_app.log.catalogue import CATALOGUE
-from sessions_app.models import Agent, AgentProfile, ApiToken, Event, Schedule, Session
+from sessions_app.models import (
+    Agent,
+    AgentProfile,
+    ApiToken,
+    Event,
+    Notification,
+    PersonNotifications,
+    ProfileNotifications,
+    Schedule,
+    Session,
+)
+from sessions_app.notify import outbox
+from sessions_app.notify import services as notify_services
 from sessions_app.permissions import is_operator
 from sessions_app.runtime.profiles import check_profile
 from sessions_app.services import operators, schedules
@@ -134,12 +149,22 @@ class AgentProfileForm(ProfileChecks):
         return cleaned
 
 
+class ProfileNotificationsInline(admin.StackedInline):  # type: ignore[type-arg]
+    """On the profile's own page: which channels its sessions' notifications use."""
+
+    model = ProfileNotifications
+    can_delete = False
+    max_num = 1
+    verbose_name_plural = "notification channels (none saved: email and webhooks both on)"
+
+
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     form = AgentProfileForm
     list_display = ["name", "summarizer", "compaction_budget", "created_at"]
     search_fields = ["name", "description"]
     actions = ["suspend_profiles", "resume_profiles"]
+    inlines = [ProfileNotificationsInline]  # which channels its sessions' notifications use (docs/notifications.md)
 
     @admin.action(description="Suspend admission for these profiles")
     def suspend_profiles(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:
@@ -446,3 +471,35 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
                 done += 1
         if done:
             self.message_user(request, f"Cancelled {done} schedule(s).", messages.SUCCESS)
+
+
+@admin.register(PersonNotifications)
+class PersonNotificationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("user", "email", "webhook_url")
+    fields = ("user", "email", "webhook_url", "secret")
+    readonly_fields = ("user", "webhook_url", "secret")
+
+    @admin.display(description="webhook secret")
+    def secret(self, obj: PersonNotifications) -> str:
+        return notify_services.mask(obj.webhook_secret) or "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # made by the person on the settings page
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("id", "name", "session", "seq", "recipient", "channel", "status", "attempts", "created_at")
+    list_filter = ("status", "channel", "name")
+    actions = ("send_again",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Notification._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Send again (unknown or failed only)")
+    def send_again(self, request: HttpRequest, queryset: QuerySet[Notification]) -> None:
+        count = outbox.requeue(list(queryset.values_list("id", flat=True)))
+        messages.info(request, f"{count} notification(s) will be sent again.")

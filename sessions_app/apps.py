@@ -19,3 +19,10 @@ class SessionsAppConfig(AppConfig):
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
+
+        # Local for the same reason. The notifications' listener registers
+        # itself with the log's fan-out on import; it is handed the sender's
+        # wake-up here, since the sender (services) sits above it (plugins).
+        from sessions_app.notify import delivery, listeners
+
+        listeners.set_waker(delivery.wake)

@@ -261,6 +261,17 @@ class SummarizerFailed(TerretError):
     status = 502
 
 
+# -- outbound URLs
+
+
+class UnsafeUrl(InvalidInput):
+    """An outbound URL (a webhook's) that is malformed, not http(s), or whose
+    host is or resolves to a private, loopback or link-local address that the
+    setting TERRET_ALLOW_PRIVATE_HOSTS does not name (sessions_app/outbound.py)."""
+
+    code = "unsafe_url"
+
+
 # -- forks
 
 

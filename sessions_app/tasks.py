@@ -3,7 +3,8 @@
 The worker's lifecycle is wired here too, from Celery's signals:
 
 - at start, the process takes its liveness lock (runtime/liveness.py), so a
-  kill -9 frees its leases at once, and starts the sweeper;
+  kill -9 frees its leases at once, and starts the sweeper, the schedules'
+  clock and the notifications' sender (sessions_app/notify/delivery.py);
 - on SIGTERM (warm shutdown) it drains: drives claim nothing new and a
   running turn hands its session over at its next commit; each handed-off
   session gets a fresh wake-up here, for a worker that stays. Celery stops
@@ -27,6 +28,7 @@ from django.conf import settings
 from django.db import connection
 
 from sessions_app.llm import openai
+from sessions_app.notify import delivery
 from sessions_app.runtime import counters, lifecycle, liveness, schedules
 from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
@@ -56,6 +58,12 @@ def sweep_sessions(at_start: bool = False) -> int:
     for sid in ids:
         drive_session.delay(sid)
     return len(ids)
+
+
+@shared_task(name=delivery.NOTIFY_TASK, ignore_result=True)
+def send_notifications(ids: list[int]) -> dict[int, str]:
+    # Safe to run twice: each send starts with a claim (sessions_app/notify/outbox.py).
+    return delivery.deliver_many([int(i) for i in ids])
 
 
 def _sweep_loop() -> None:
@@ -121,6 +129,7 @@ def _start_sweeper(**_: Any) -> None:
     _start_liveness()  # idempotent: worker_init normally did it
     threading.Thread(target=_sweep_loop, name="terret-sweeper", daemon=True).start()
     schedules.start_clock()  # due schedules, claimed with SKIP LOCKED (runtime/schedules.py)
+    delivery.start_sender()  # due notifications, retries, a dead sender's claims (docs/notifications.md)
 
 
 @worker_shutting_down.connect

@@ -34,3 +34,7 @@ if settings.TERRET_WORKER == "inprocess":
     inprocess.start_sweeper()
     # Due schedules are this process's to fire too (runtime/schedules.py).
     schedules.start_clock(lambda: settings.TERRET_WORKER == "inprocess")
+    # And the notifications' sender (sessions_app/notify/delivery.py).
+    from sessions_app.notify import delivery
+
+    delivery.start_sender(lambda: settings.TERRET_WORKER == "inprocess")

@@ -48,9 +48,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sessions_app.models import (
+    NOTIFY_STATUSES,
     EffectAudit,
     Event,
     ModelTally,
+    Notification,
     RuntimeCounter,
     Session,
     TurnTally,
@@ -113,6 +115,7 @@ class DatabaseCollector(Collector):
         yield from self._models()
         yield from self._runtime()
         yield from self._effects_audit()
+        yield self._notifications()
 
     def _effects_audit(self) -> Iterable[Metric]:
         audit = EffectAudit.objects.filter(found__gt=0).aggregate(
@@ -317,6 +320,17 @@ class DatabaseCollector(Collector):
             "Worker processes registered with a liveness lock.",
             WorkerProcess.objects.count(),
         )
+
+    def _notifications(self) -> Metric:
+        rows = dict(Notification.objects.values_list("status").annotate(n=Count("pk")).order_by("status"))
+        by_status = GaugeMetricFamily(
+            "terret_notifications",
+            "Notification outbox rows by state (docs/notifications.md); failed and unknown ones wait for an operator.",
+            labels=["status"],
+        )
+        for status in NOTIFY_STATUSES:
+            by_status.add_metric([status], _int(rows.get(status)))
+        return by_status
 
 
 REGISTRY = CollectorRegistry()

@@ -285,7 +285,10 @@ TERRET_INTAKE_MAX_ITEMS = env_int("TERRET_INTAKE_MAX_ITEMS", 64, minimum=1)
 TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=1)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
-TERRET_FAILPOINTS = env_pauses("TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect"}))
+# The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py).
+TERRET_FAILPOINTS = env_pauses(
+    "TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect", "notify_claimed", "notify_sent"})
+)
 # Whether a session's owner may resolve its effects of unknown outcome (re-run a tool
 # call, or record it done or failed); staff always may (docs/protocol.md).
 TERRET_OWNER_MAY_RESOLVE = env_bool("TERRET_OWNER_MAY_RESOLVE", False)
@@ -308,6 +311,40 @@ TERRET_METRICS_TOKEN = env_str("TERRET_METRICS_TOKEN", "") or ""
 TERRET_LG_CORS_ORIGINS = env_list("TERRET_LG_CORS_ORIGINS", [])
 MORPH_API_KEY = env_str("MORPH_API_KEY", "") or ""
 MORPH_BASE_URL = env_url("MORPH_BASE_URL", "https://api.morphllm.com/v1", schemes={"http", "https"})
+
+# --- notifications (sessions_app/notify/, docs/notifications.md) -----------
+# Email goes out through Django's mailers (MAILERS, Django 6.1), by SMTP with the settings
+# below. Email notifications are on only when EMAIL_HOST is set; each person and each
+# profile then chooses (the settings page, the admin).
+TERRET_EMAIL_ON = bool(env_str("EMAIL_HOST", ""))
+MAILERS = {
+    "default": {
+        "BACKEND": env_str("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend"),
+        "OPTIONS": {
+            "host": env_str("EMAIL_HOST", "") or "localhost",
+            "port": env_int("EMAIL_PORT", 25, minimum=1),
+            "username": env_str("EMAIL_HOST_USER", "") or "",
+            "password": env_str("EMAIL_HOST_PASSWORD", "") or "",
+            "use_tls": env_bool("EMAIL_USE_TLS", False),
+            "timeout": env_int("EMAIL_TIMEOUT", 10, minimum=1),
+        },
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "terret@localhost") or "terret@localhost"
+# The address people reach this site at, for the links in notifications (e.g. https://terret.example).
+TERRET_PUBLIC_URL = (env_url("TERRET_PUBLIC_URL", "http://127.0.0.1:8000", schemes={"http", "https"}) or "").rstrip("/")
+# Hosts (as a URL writes them) a webhook may reach although they are or resolve to a private,
+# loopback or link-local address (sessions_app/outbound.py). Unset: none.
+TERRET_ALLOW_PRIVATE_HOSTS = env_list("TERRET_ALLOW_PRIVATE_HOSTS", [])
+# The sender: a claimed notification is another sender's after this many seconds (above
+# the send timeouts); a failed send is retried after 5 s, 10 s, 20 s ... up to the cap, this
+# many times in all; each worker looks for due notifications this often.
+TERRET_NOTIFY_LEASE_SECONDS = env_float("TERRET_NOTIFY_LEASE_SECONDS", 60.0, minimum=0.1)
+TERRET_NOTIFY_BACKOFF_SECONDS = env_float("TERRET_NOTIFY_BACKOFF_SECONDS", 5.0, minimum=0.0)
+TERRET_NOTIFY_BACKOFF_CAP_SECONDS = env_float("TERRET_NOTIFY_BACKOFF_CAP_SECONDS", 3600.0, minimum=0.0)
+TERRET_NOTIFY_MAX_ATTEMPTS = env_int("TERRET_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+TERRET_NOTIFY_POLL_SECONDS = env_float("TERRET_NOTIFY_POLL_SECONDS", 5.0, minimum=0.05)
+TERRET_NOTIFY_TIMEOUT_SECONDS = env_float("TERRET_NOTIFY_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 
 # --- web ------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -37,6 +37,8 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - forks.py: fork, edit_and_resend, regenerate
 - operators.py: attention, suspend, resume, session_action (staff: retry,
   abandon, revoke, restore)
+- notifications.py: notification_settings, set_notification_settings (the
+  signed-in person's own; no session)
 
 The needs are view, drive, approve, resolve and operate (access.py;
 sessions_app/permissions.py says who has each).
@@ -61,6 +63,7 @@ from sessions_app.actions.budgets import budget, budget_state, set_budget
 from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
+from sessions_app.actions.notifications import notification_settings, set_notification_settings
 from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
 from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
@@ -112,6 +115,7 @@ __all__ = [
     "list_profiles",
     "list_schedules",
     "live_state",
+    "notification_settings",
     "operator",
     "parse_session_id",
     "regenerate",
@@ -127,6 +131,7 @@ __all__ = [
     "session_for",
     "set_budget",
     "set_model",
+    "set_notification_settings",
     "set_policy",
     "socket_access",
     "suspend",

@@ -157,6 +157,18 @@ class ScopeIn(In):
     reason: OpsReason = ""
 
 
+class NotificationsIn(In):
+    """The signed-in person's notification settings; a field left out is kept."""
+
+    email: bool | None = Field(None, description="email me at my account's address")
+    webhook_url: Annotated[str, Field(max_length=2000)] | None = Field(
+        None, description="an http(s) URL to POST signed notifications to; empty or null removes the webhook"
+    )
+    webhook_secret: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="the HMAC-SHA256 key, 16 to 200 characters; write-only (null: keep the current one)"
+    )
+
+
 class ReasonIn(In):
     """An operator's action on one session, with why (the operators' log keeps it)."""
 

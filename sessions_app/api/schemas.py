@@ -24,6 +24,7 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ForkPolicy,
     InputIn,
     LaneName,
+    NotificationsIn,
     PolicyIn,
     ReasonIn,
     ResolveIn,
@@ -417,3 +418,9 @@ class OpsOut(Schema):
 class SessionActionOut(Schema):
     ok: bool
     status: Status = Field(description="the session's status once the action was recorded")
+
+
+class NotificationsOut(Schema):
+    email: bool = Field(description="whether notifications come by email (when the server sends email)")
+    webhook_url: str | None
+    webhook_secret: str | None = Field(description="never the secret: its last four characters, masked; null if none")

@@ -36,6 +36,8 @@ from sessions_app.api.schemas import (
     ForkIn,
     ForkOut,
     InputIn,
+    NotificationsIn,
+    NotificationsOut,
     OpsOut,
     PolicyIn,
     PolicyOut,
@@ -432,3 +434,24 @@ def revoke(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
 def restore(request: HttpRequest, session_id: str, payload: ReasonIn) -> Any:
     """Lift a revocation: the session takes input again (staff only)."""
     return actions.session_action(_user(request), session_id, "restore", payload.reason).as_json()
+
+
+# ---------------------------------------------------------------- the signed-in person
+
+
+@api.get("/me/notifications", response={200: NotificationsOut, **_READ_ERRORS}, tags=["me"])
+def my_notifications(request: HttpRequest) -> Any:
+    """How you are told when something needs you (docs/notifications.md); the secret is shown masked."""
+    return actions.notification_settings(_user(request)).as_json()
+
+
+@api.put("/me/notifications", response={200: NotificationsOut, **_WRITE_ERRORS}, tags=["me"])
+def set_my_notifications(request: HttpRequest, payload: NotificationsIn) -> Any:
+    """Change how you are told: a field left out is kept; a webhook URL is checked against
+    server-side request forgery (400 unsafe_url) and needs a secret."""
+    values = payload.model_dump(exclude_unset=True)
+    if values.get("webhook_secret") is None:
+        values.pop("webhook_secret", None)
+    if "email" in values and values["email"] is None:
+        values.pop("email")
+    return actions.set_notification_settings(_user(request), values).as_json()

@@ -2,10 +2,12 @@
 tool call, so a test can `kill -9` it exactly there.
 
 Points: `after_intent` (the tool/attempt is committed, the tool has not run)
-and `after_effect` (the tool ran, its tool/result is not committed). They
-are set per tool with TERRET_FAILPOINTS=`<point>:<tool>=<seconds>,...`,
-read once at start; unset (always, outside tests) a point costs one dict
-lookup.
+and `after_effect` (the tool ran, its tool/result is not committed); for
+the notification sender (sessions_app/notify/delivery.py), `notify_claimed` (a row
+claimed, nothing sent) and `notify_sent` (sent, not marked), keyed by the
+channel (email, webhook) where a tool's name goes. They are set per tool
+with TERRET_FAILPOINTS=`<point>:<tool>=<seconds>,...`, read once at start;
+unset (always, outside tests) a point costs one dict lookup.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
 from sessions_app.log.reads import stalled_since, turn_events
-from sessions_app.models import AgentProfile, EffectAudit, Event, OperatorAction, Session, Suspension
+from sessions_app.models import AgentProfile, EffectAudit, Event, Notification, OperatorAction, Session, Suspension
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
@@ -286,6 +286,7 @@ def attention() -> dict[str, list[Item]]:
     out["stalled"] = [
         _stalled_item(s) for s in sessions.filter(STALL_STANDS).order_by("last_event_at")[:ATTENTION_LIMIT]
     ]
+    out["notifications"] = _notifications()
     return out
 
 
@@ -315,3 +316,33 @@ def _unresolved_calls(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[dict
         else:
             mine.pop(key, None)
     return {sid: list(calls.values())[:ATTENTION_CALLS] for sid, calls in pending.items()}
+
+
+def _notifications() -> list[Item]:
+    """Notifications nobody will send by themselves: failed (the attempts ran
+    out) or unknown (the sender stopped mid-send); the admin's "send again"
+    takes them (docs/notifications.md)."""
+    rows = (
+        Notification.objects.filter(status__in=("failed", "unknown"))
+        .select_related("session", "recipient")
+        .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    return [
+        Item(
+            "notification",
+            str(n.session_id),
+            n.session.title or str(n.session_id),
+            n.created_at,
+            {
+                "id": n.pk,
+                "name": n.name,
+                "seq": n.seq,
+                "channel": n.channel,
+                "status": n.status,
+                "recipient": n.recipient.get_username(),
+                "attempts": n.attempts,
+                "error": n.last_error,
+            },
+        )
+        for n in rows
+    ]

@@ -1,4 +1,5 @@
-"""The user's settings page: API tokens, created (shown once) and revoked.
+"""The user's settings page: API tokens, created (shown once) and revoked;
+how the person is told when something needs them (notifications).
 
 Writes go through services/tokens.py. A new token is shown in the response
 to the POST that made it and never again (only its hash is stored); the
@@ -15,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions_app import actions
 from sessions_app.errors import TerretError
 from sessions_app.services import tokens
 
@@ -24,6 +26,7 @@ def _page(request: HttpRequest, *, status: int = 200, **extra: Any) -> HttpRespo
         "tokens": list(tokens.tokens_of(request.user)[:200]),
         "name_max": tokens.MAX_NAME_CHARS,
         "api_base": request.build_absolute_uri("/api/"),
+        "notify": actions.notification_settings(request.user),
         **extra,
     }
     response = render(request, "settings/index.html", context, status=status)
@@ -59,4 +62,23 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
         messages.info(
             request, f"Revoked the token “{token.name}” ({token.prefix}…). Programs using it are refused now."
         )
+    return redirect("sessions:settings")
+
+
+@login_required
+@require_POST
+def notifications_save(request: HttpRequest) -> HttpResponse:
+    """The notifications form: email on or off, the webhook URL, a new secret
+    (left empty: the current one is kept)."""
+    values: dict[str, Any] = {
+        "email": request.POST.get("email") == "on",
+        "webhook_url": request.POST.get("webhook_url", "").strip() or None,
+    }
+    if request.POST.get("webhook_secret"):
+        values["webhook_secret"] = request.POST["webhook_secret"]
+    try:
+        actions.set_notification_settings(request.user, values)
+    except TerretError as exc:
+        return _page(request, status=400, notify_error=str(exc), notify_url=values["webhook_url"] or "")
+    messages.info(request, "Notification settings saved.")
     return redirect("sessions:settings")

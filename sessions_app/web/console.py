@@ -46,6 +46,7 @@ SECTIONS = [
         "What the sweep's audit of recently active sessions' effect ledgers found.",
     ),
     ("stalled", "Stalled", "Running turns with no progress (no event, no streamed text) for a while."),
+    ("notifications", "Notifications not sent", "Attempts ran out, or a send of unknown outcome."),
 ]
 
 

@@ -34,6 +34,7 @@ urlpatterns: list[URLPattern] = [
     *fork_views.urlpatterns,  # edit-and-resend, regenerate and the fork panel (web/forks.py)
     path("settings/", account.settings_page, name="settings"),
     path("settings/tokens/", account.token_create, name="token_create"),
+    path("settings/notifications/", account.notifications_save, name="notifications_save"),
     path("settings/tokens/<int:token_id>/revoke/", account.token_revoke, name="token_revoke"),
     path("ops/", console.index, name="console"),
     path("ops/suspend/", console.suspend, name="console_suspend"),

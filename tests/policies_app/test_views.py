@@ -94,6 +94,9 @@ def test_admin_validates_the_floor(client: Client, django_user_model: Any, profi
     assert page.status_code == 200
     form = page.context["adminform"].form
     data = {k: v for k, v in form.initial.items() if v is not None}
+    for inline in page.context["inline_admin_formsets"]:  # what the page's inlines send (their management form)
+        management = inline.formset.management_form
+        data.update({management.add_prefix(k): v for k, v in management.initial.items()})
     data.update(
         {
             "roles": "{}",

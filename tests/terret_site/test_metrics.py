@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessions_app import log, services
-from sessions_app.models import Event, ModelTally, RuntimeCounter, Session, TurnTally
+from sessions_app.models import NOTIFY_STATUSES, Event, ModelTally, Notification, RuntimeCounter, Session, TurnTally
 from sessions_app.runtime import lease
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.sweep import sweep_round
@@ -157,6 +157,17 @@ def test_takeovers_and_queue_wait_are_counted_by_the_workers_and_flushed(
     assert value(samples, "terret_lease_takeovers_total") == 1
     assert value(samples, "terret_queue_waits_total") == 1
     assert value(samples, "terret_queue_wait_seconds_total") >= 0.25
+
+
+def test_notification_outbox_rows_by_state(staff_client: Client, session: Session, owner: Any) -> None:
+    """Every state is reported (0 included), so an alert on failed or unknown rows has a series to watch."""
+    for seq, status in enumerate(("pending", "pending", "sent", "failed", "unknown"), start=1):
+        Notification.objects.create(
+            session=session, seq=seq, kind="turn/blocked", name="x", recipient=owner, channel="email", status=status
+        )
+    samples = scrape(staff_client)
+    got = {status: value(samples, "terret_notifications", status=status) for status in NOTIFY_STATUSES}
+    assert got == {"pending": 2, "claimed": 0, "sending": 0, "sent": 1, "unknown": 1, "failed": 1, "dropped": 0}
 
 
 def test_access(client: Client, make_user: Any, settings: Any) -> None:

@@ -60,6 +60,7 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/ops/attention",
         "/api/ops/suspend",
         "/api/ops/resume",
+        "/api/me/notifications",
     }
     assert doc["components"]["securitySchemes"]["BearerAuth"] == {"type": "http", "scheme": "bearer"}
 

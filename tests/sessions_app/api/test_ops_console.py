@@ -125,6 +125,7 @@ def test_suspend_lists_it_and_resume_removes_it(client: Any, session: Session, s
         "unknown_effects",
         "effects_audit",
         "stalled",
+        "notifications",
     }
     resumed = call(client, "POST", "/api/ops/resume", {**body, "reason": "fixed"}, **staff_auth)
     assert resumed.status_code == 200 and resumed.data["ok"] is True

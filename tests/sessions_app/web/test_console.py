@@ -8,7 +8,8 @@ import pytest
 from django.test import Client
 
 from sessions_app import log, services
-from sessions_app.models import AgentProfile, OperatorAction, Session, Suspension
+from sessions_app.models import AgentProfile, Notification, OperatorAction, Session, Suspension
+from sessions_app.services import operators
 from tests.helpers import client_for, events
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("manual_worker")]
@@ -42,12 +43,35 @@ def test_staff_see_every_section_and_the_nav_link(ops: Client, chat: Session) ->
         "Parked approvals",
         "Expired leases",
         "Effects of unknown outcome",
+        "Notifications not sent",
         "Recent operator actions",
     ):
         assert heading in html
     assert f'href="/sessions/{chat.id}/"' in html
     assert f"/ops/sessions/{chat.id}/abandon/" in html and f"/ops/sessions/{chat.id}/retry/" in html
     assert 'href="/ops/"' in html  # the nav link
+
+
+def test_notifications_not_sent_are_listed(ops: Client, chat: Session, owner: Any) -> None:
+    """Failed (attempts ran out) and unknown (the sender died mid-send) rows need an operator; the rest do not."""
+    for seq, status in enumerate(("failed", "unknown", "sent", "pending", "dropped"), start=1):
+        Notification.objects.create(
+            session=chat,
+            seq=seq,
+            kind="tool/unknown",
+            name=f"n_{status}",
+            recipient=owner,
+            channel="webhook",
+            status=status,
+            last_error=f"why {status}",
+        )
+    html = ops.get("/ops/").content.decode()
+    assert "Notifications not sent" in html
+    assert "n_failed to" in html and "why failed" in html and "n_unknown to" in html
+    assert "n_sent" not in html and "n_pending" not in html and "n_dropped" not in html
+    assert "/admin/sessions_app/notification/?status__exact=failed" in html
+    listed = operators.attention()["notifications"]
+    assert [(i.detail["status"], i.session_id) for i in listed] == [("failed", str(chat.id)), ("unknown", str(chat.id))]
 
 
 def test_others_get_403_and_the_anonymous_the_login_page(client: Client, owner: Any, chat: Session) -> None:
