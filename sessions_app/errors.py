@@ -253,6 +253,20 @@ class SummarizerFailed(TerretError):
     status = 502
 
 
+class DefinitionMissing(TerretError):
+    """Something a turn needs that the running code or the turn's definition
+    no longer provides: a summarizer, a model role. `what` names it as a
+    blocked turn does ("summarizer:<name>", "role:<role>"); the runner blocks
+    the turn `definition_missing` on it rather than failing it."""
+
+    code = "definition_missing"
+    status = 409
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
 # -- forks
 
 
