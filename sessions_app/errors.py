@@ -272,6 +272,20 @@ class UnsafeUrl(InvalidInput):
     code = "unsafe_url"
 
 
+class DefinitionMissing(TerretError):
+    """Something a turn needs that the running code or the turn's definition
+    no longer provides: a summarizer, a model role. `what` names it as a
+    blocked turn does ("summarizer:<name>", "role:<role>"); the runner blocks
+    the turn `definition_missing` on it rather than failing it."""
+
+    code = "definition_missing"
+    status = 409
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
 # -- forks
 
 

@@ -106,8 +106,15 @@ class BlockedOut(Schema):
     attempts: int
     code: str | None = Field(
         None,
-        description="retries_exhausted (a resumed turn kept failing) or context_overflow (compaction could not "
-        "bring the request under the model's context window); null for a turn blocked before codes",
+        description="retries_exhausted (a resumed turn kept failing), context_overflow (compaction could not "
+        "bring the request under the model's context window) or definition_missing (something the turn needs "
+        "is gone from the running code or its definition: see `what`); null for a turn blocked before codes",
+    )
+    what: str | None = Field(
+        None,
+        description="with definition_missing, what is missing: tool:<name> (a tool a call is owed to, or a "
+        "built-in the definition names), mcp_server:<name> (a server that fails to start), summarizer:<name>, "
+        "or role:<role> (a model role nothing serves)",
     )
     since: str = Field(description="ISO 8601: when the turn was blocked")
 

@@ -412,15 +412,18 @@ CATALOGUE: dict[str, Kind] = {
                 {
                     "reason": _STR,
                     "attempts": {"type": "integer", "minimum": 0},
-                    "code": {"enum": ["retries_exhausted", "context_overflow"]},
+                    "code": {"enum": ["retries_exhausted", "context_overflow", "definition_missing"]},
+                    "what": {"type": "string", "maxLength": 200},
                 },
                 ["reason", "attempts"],
             ),
             False,
             "The open turn stopped retrying by itself: `code` retries_exhausted (a resumed turn failed "
-            "TERRET_RESUME_ATTEMPTS times) or context_overflow (compaction could not bring its request under "
-            "the model's context window). New input, a verdict, a cancel or a retry (turn/retry_requested) "
-            "picks it up again.",
+            "TERRET_RESUME_ATTEMPTS times), context_overflow (compaction could not bring its request under "
+            "the model's context window) or definition_missing (something the turn needs is gone from the "
+            "running code or its definition; `what` names it: tool:<name>, mcp_server:<name>, "
+            "summarizer:<name> or role:<role>). New input, a verdict, a cancel or a retry "
+            "(turn/retry_requested) picks it up again.",
             lambda d: [("blocked_seq = NEW_SEQ", [])],
         ),
         Kind(

@@ -36,8 +36,9 @@ def agent_for_session(session_id: uuid.UUID | str) -> Agent | None:
 
 
 def blocked_info(session: Session) -> dict[str, Any] | None:
-    """{reason, attempts, code, since} of a blocked session's turn/blocked
-    (code None for one recorded before codes); None when not blocked."""
+    """{reason, attempts, code, what, since} of a blocked session's turn/blocked
+    (code None for one recorded before codes; what None unless a definition
+    is missing); None when not blocked."""
     if session.blocked_seq is None or session.open_turn_seq is None:
         return None
     row = Event.objects.filter(session_id=session.id, seq=session.blocked_seq).values("data", "created_at").first()
@@ -48,6 +49,7 @@ def blocked_info(session: Session) -> dict[str, Any] | None:
         "reason": data.get("reason", ""),
         "attempts": data.get("attempts", 0),
         "code": data.get("code"),
+        "what": data.get("what"),
         "since": row["created_at"],
     }
 

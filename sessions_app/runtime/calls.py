@@ -19,6 +19,10 @@ Rules kept here:
 - While one call of a message waits for an operator, no further external
   attempt of the message starts; a call waiting for a reviewer's verdict
   does not hold the others back.
+- A call owed from an earlier drive whose tool is gone (definitions.py)
+  blocks the turn: the model never hears "unknown tool" about a call made
+  while the tool existed. Only a call of the reply just received, to a name
+  its tool list lacks, gets that error result.
 - The tool runs outside any transaction, with the database connection
   handed back to the pool first.
 """
@@ -38,7 +42,7 @@ from sessions_app.llm.types import ToolCall
 from sessions_app.log import hints
 from sessions_app.log.records import AppendedEvent, LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime import effects, failpoints, hooks, storable, tracing
+from sessions_app.runtime import definitions, effects, failpoints, hooks, storable, tracing
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
 from sessions_app.runtime.outcomes import Outcome
@@ -58,6 +62,7 @@ class Waits(StrEnum):
 
     VERDICT = "verdict"  # a reviewer's: the message's other calls go on
     OPERATOR = "operator"  # an operator's, on an effect of unknown outcome: no other attempt starts
+    DEFINITION = "definition"  # its tool is gone: the turn is blocked (ToolCalls.missing says on what)
 
 
 class ToolCalls:
@@ -73,6 +78,8 @@ class ToolCalls:
         self.view = view
         self.outbox = outbox
         self._registry: Registry | None = None
+        # What the last execute stopped on when it returned BLOCKED.
+        self.missing: definitions.Missing | None = None
 
     @property
     def registry(self) -> Registry:
@@ -109,24 +116,29 @@ class ToolCalls:
         else:
             (appended,) = self.flush()[-1:]
             message = LoggedEvent(appended.seq, appended.kind, appended.data)
-        return self.execute(message, st)
+        return self.execute(message, st, owed=False)
 
-    def execute(self, message: LoggedEvent, st: TurnState) -> Outcome | None:
+    def execute(self, message: LoggedEvent, st: TurnState, *, owed: bool = True) -> Outcome | None:
         """Run what `message` still owes (verdicts and attempts come from the
-        log in `st`); PARKED when a call waits for someone."""
-        waiting = False
+        log in `st`); PARKED when a call waits for someone, BLOCKED when an
+        owed call's tool is gone (`missing` says what). `owed`: the message
+        is from an earlier drive, so its calls were made under the definition
+        of then; False for the reply just received."""
+        waiting: Waits | None = None
         for call in st.owed_calls(message):
-            waits = self.run_call(call, st, message.seq)
-            waiting = waiting or waits is not None
-            if waits is Waits.OPERATOR:
+            waits = self.run_call(call, st, message.seq, owed=owed)
+            waiting = waits or waiting
+            if waits in (Waits.OPERATOR, Waits.DEFINITION):  # the last call looked at: it decides
                 break
-        if waiting:
+        if waiting is not None:
             self.flush()
-            return Outcome.PARKED
+            return Outcome.BLOCKED if waiting is Waits.DEFINITION else Outcome.PARKED
         return None
 
-    def run_call(self, call: ToolCall, st: TurnState, message_seq: int) -> Waits | None:
+    def run_call(self, call: ToolCall, st: TurnState, message_seq: int, *, owed: bool = True) -> Waits | None:
         defn = self.registry.get(call.name)
+        if defn is None and owed:
+            return self.without_tool(call, st, message_seq)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
         if self.view.revoked:
@@ -177,6 +189,20 @@ class ToolCalls:
         # retry, a reconcile and the ledger see), not the model's.
         edited = ToolCall(call.id, call.name, json.dumps(decision.args, ensure_ascii=False))
         return self.invoke(defn, edited, st, message_seq, edited=True)
+
+    def without_tool(self, call: ToolCall, st: TurnState, message_seq: int) -> Waits | None:
+        """An owed call whose tool is gone: what its ledger settles without
+        the tool (an operator's done or failed) is recorded, an attempt marked
+        unknown waits for its operator, and anything else blocks the turn."""
+        move = effects.without_definition(effects.ledgers(st.events, after=message_seq).get(call.id))
+        if isinstance(move, effects.AwaitOperator):
+            return Waits.OPERATOR
+        if isinstance(move, effects.Settled):
+            if move.via is not None:
+                self.result(call, move.content, move.is_error, attempt=move.attempt, via=move.via)
+            return None
+        self.missing = definitions.missing_tool(call.name, self.profile, self.registry)
+        return Waits.DEFINITION
 
     def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:
         return hooks.CallContext(self.sid, self.profile, defn, args, policy_known=True, policy_seq=self.view.policy_seq)

@@ -246,6 +246,26 @@ def _resolved(last: Attempt) -> Run | Settled:
     return Settled(last.number, "operator", content or "done (marked done by an operator)")
 
 
+def without_definition(ledger: CallLedger | None) -> Settled | AwaitOperator | None:
+    """The move for a call whose tool is gone (runtime/definitions.py), when
+    the ledger makes it without the tool: an outcome on record or an
+    operator's done/failed settles it, an attempt marked unknown waits for
+    the operator still. None: only the tool can move it (a first attempt, a
+    re-run, an attempt in flight), so the turn is blocked until it is back."""
+    last = ledger.last if ledger else None
+    if last is None:
+        return None
+    match last.state:
+        case "done" | "failed":
+            return Settled(last.number)
+        case "unknown":
+            return AwaitOperator(last.number)
+        case "resolved":
+            move = _resolved(last)
+            return move if isinstance(move, Settled) else None
+    return None
+
+
 def reconciled(attempt: int, answer: Reconciliation) -> Run | Settled | AwaitOperator:
     """The move after the target answered about `attempt` (Reconcile)."""
     if answer.state == "not_done":

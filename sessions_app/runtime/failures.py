@@ -10,10 +10,14 @@ then blocked. Database errors are not decided here: a drive retries those
 itself (drive.py), because the turn is not what failed.
 
 A blocked turn says why in a code (turn/blocked's `code`), for an operator:
-RETRIES_EXHAUSTED, or CONTEXT_OVERFLOW: a request the provider refused as
-too long that compaction could not bring under the window. Neither fails
-the turn: new input, a Retry (after a bigger window, a shorter system
-prompt, another model) or an Abandon moves it on.
+RETRIES_EXHAUSTED; CONTEXT_OVERFLOW: a request the provider refused as
+too long that compaction could not bring under the window; or
+DEFINITION_MISSING: something the turn needs (a tool it called, an MCP
+server, a summarizer, a model role) that the running code or the turn's
+definition no longer provides (definitions.py), named in turn/blocked's
+`what`. None fails the turn: new input, a Retry (after a bigger window, a
+shorter system prompt, another model, the definition restored) or an
+Abandon moves it on.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ MAX_ERROR_CHARS = 600
 # turn/blocked's codes.
 RETRIES_EXHAUSTED = "retries_exhausted"
 CONTEXT_OVERFLOW = "context_overflow"
+DEFINITION_MISSING = "definition_missing"
 
 
 @dataclass(frozen=True)

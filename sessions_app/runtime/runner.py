@@ -29,6 +29,12 @@ Rules kept here:
   request halved) and compacts, and the step tries once more; what still
   does not fit blocks the turn `context_overflow` for an operator, with the
   reason, rather than failing it (and every later turn with it). Never a loop.
+- What the turn needs and the running code or its definition no longer
+  provides (a built-in tool the definition names, the tool or MCP server of
+  a call it owes, the main role's model, the summarizer or compactor role a
+  refused request needs) blocks the turn `definition_missing`, naming it in
+  `what` (definitions.py): the turn stays live, its ledger intact, until the
+  definition is restored and the turn retried, or an operator abandons it.
 - A cancel stops a streaming model call within about a second (stop.py);
   the text streamed so far is kept as a partial assistant message.
 - While the process drains (a deploy's SIGTERM), the turn hands its session
@@ -45,16 +51,24 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from sessions_app.errors import LeaseLost
+from sessions_app.errors import DefinitionMissing, LeaseLost
 from sessions_app.llm.abort import Abort
 from sessions_app.llm.registry import get_adapter
-from sessions_app.llm.types import ContextTooLong, ModelCancelled, ModelError, ModelReply, for_model
+from sessions_app.llm.types import (
+    ContextTooLong,
+    ModelCancelled,
+    ModelError,
+    ModelNotConfigured,
+    ModelReply,
+    for_model,
+)
 from sessions_app.log import hints
 from sessions_app.log.partial import Recorder as StreamedText
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import (
     admission,
     counters,
+    definitions,
     failures,
     hooks,
     lifecycle,
@@ -93,6 +107,8 @@ class TurnRunner:
         self.turn_seq = 0
         # Whether this step compacted already: a refusal after it blocks the turn (context_overflow).
         self.compacted_in_step = False
+        # Why the last in-turn compaction could not run: a summarizer or role gone (definitions.py).
+        self.compactor_missing: definitions.Missing | None = None
         self.last_call_ms = 0  # the wall time of the latest model call (step/end's latency_ms)
         # A stalled resume's wait before the sweep may drive it again (seconds).
         self.retry_after: float | None = None
@@ -226,7 +242,10 @@ class TurnRunner:
                 model = next((e.data["model"] for e in st.events if e.seq == st.open_step_seq), self.view.spec)
                 self.spent(model, st.open_step, None, "the worker stopped before the reply was recorded")
             return None
-        if self.calls.execute(message, st) is Outcome.PARKED:
+        outcome = self.calls.execute(message, st)
+        if outcome is Outcome.BLOCKED and self.calls.missing is not None:
+            return self.block_missing(self.calls.missing)
+        if outcome is Outcome.PARKED:
             return Outcome.PARKED
         end: dict[str, Any] = {"step": st.open_step}
         if message.data.get("usage"):
@@ -253,6 +272,9 @@ class TurnRunner:
             over = self.over_budget()
             if over is not None:
                 return self.fail(failures.Failure(False, over.message), reason=over.as_json())
+        absent = definitions.missing_builtin(self.registry)
+        if absent is not None:  # before step/start: the step is not begun, nothing to resume
+            return self.block_missing(absent)
         self.outbox.emit("step/start", {"step": step, "model": spec})
         self.flush()  # with the previous step's tail: one commit before the model call
         st = self.outbox.state()
@@ -276,6 +298,10 @@ class TurnRunner:
                 except ContextTooLong as again:
                     self.learn_window(spec, again, messages)  # so the next attempt starts within it
                     return self.overflow(too_long_after_compaction(spec, again))
+        except ModelNotConfigured as unserved:
+            # The main role's model, as this code and deployment resolve it, has no provider:
+            # nothing was sent, nothing spent (the step counts as refused: view.py).
+            return self.block_missing(definitions.Missing("role:main", f"no model serves the main role: {unserved}"))
         except ModelCancelled as stopped:
             # Keep what streamed before the Stop, marked partial; no tool call.
             partial = _assistant_payload(ModelReply(stopped.partial.content, [], stopped.partial.usage))
@@ -339,6 +365,9 @@ class TurnRunner:
             return self.overflow(too_long_after_compaction(spec, refused))
         reason = f"{spec} refused the request as too long for its context window ({refused})"
         declined = self.compact_now(reason)
+        if declined is not None and self.compactor_missing is not None:
+            missing = self.compactor_missing
+            return self.block_missing(definitions.Missing(missing.what, f"{reason}, and {missing.reason}"))
         if declined is not None:
             return self.overflow(f"{reason}, and compaction could not help: {declined}")
         return self.request_messages()
@@ -362,7 +391,12 @@ class TurnRunner:
         before it has its result; nothing is parked), and read the view
         again. None when it compacted, else why not."""
         self.flush()
-        declined = hooks.compact_in_turn(self.sid, self.lease.fence, self.turn_seq)
+        self.compactor_missing = None
+        try:
+            declined = hooks.compact_in_turn(self.sid, self.lease.fence, self.turn_seq)
+        except DefinitionMissing as gone:
+            self.compactor_missing = definitions.Missing(gone.what, str(gone))
+            declined = str(gone)
         self.view.refresh()
         if declined is None:
             logger.info("compacted %s inside its turn: %s", self.sid, reason)
@@ -375,9 +409,22 @@ class TurnRunner:
         too; blocked, it waits for an operator (a Retry after a bigger window
         or a shorter prompt, an Abandon) or new input. The step stays open;
         its refused requests cost nothing (TurnState.refused_step)."""
+        return self.block(failures.CONTEXT_OVERFLOW, reason)
+
+    def block_missing(self, missing: definitions.Missing) -> Outcome:
+        """Block the turn `definition_missing` on `missing`: what it needs is
+        gone from the running code or its definition. Nothing is dropped: an
+        owed call keeps waiting, an attempt of unknown outcome stays in the
+        ledger; restoring the definition and a Retry, or an Abandon, moves it on."""
+        logger.warning("turn of %s blocked: %s is missing: %s", self.sid, missing.what, missing.reason)
+        return self.block(failures.DEFINITION_MISSING, missing.reason, what=missing.what)
+
+    def block(self, code: str, reason: str, *, what: str = "") -> Outcome:
         attempts = self.outbox.state().attempts + 1
-        code = failures.CONTEXT_OVERFLOW
-        self.outbox.emit("turn/blocked", {"reason": failures.clean(reason), "attempts": attempts, "code": code})
+        data: dict[str, Any] = {"reason": failures.clean(reason), "attempts": attempts, "code": code}
+        if what:
+            data["what"] = what[:200]
+        self.outbox.emit("turn/blocked", data)
         self.flush(release=True)
         return Outcome.BLOCKED
 

@@ -20,7 +20,7 @@ from sessions_app.log.projection import render
 from sessions_app.log.reads import events_since, turn_view
 from sessions_app.log.records import LoggedEvent
 from sessions_app.models import AgentProfile
-from sessions_app.runtime.failures import CONTEXT_OVERFLOW
+from sessions_app.runtime.failures import CONTEXT_OVERFLOW, DEFINITION_MISSING
 from sessions_app.runtime.lease import Lease
 from sessions_app.runtime.roles import resolve_spec
 
@@ -46,8 +46,10 @@ class TurnState:
     unknown: set[str] = field(default_factory=set)
     # Failed attempts (turn/stalled, turn/blocked) since the turn last made progress.
     attempts: int = 0
-    # The step a context_overflow blocked: its requests were refused (nothing in
-    # flight, nothing spent), so driving the turn again is no resume.
+    # The step a context_overflow or a definition_missing blocked: its requests
+    # were refused, or its owed calls not started (nothing in flight that the
+    # block did not leave in the ledger, nothing spent unrecorded), so driving
+    # the turn again is no resume.
     refused_step: int | None = None
 
     @classmethod
@@ -65,7 +67,7 @@ class TurnState:
                     st.open_step = None
             elif e.kind == "turn/blocked" or (e.kind == "turn/stalled" and "attempt" in e.data):
                 st.attempts += 1  # a stall of no progress ({since, phase}) is no failed attempt
-                if e.data.get("code") == CONTEXT_OVERFLOW:
+                if e.data.get("code") in (CONTEXT_OVERFLOW, DEFINITION_MISSING):
                     st.refused_step = st.open_step
             elif e.kind == "approval/requested":
                 st.asked.add(e.data["call_id"])

@@ -87,7 +87,7 @@ from typing import Any
 from django.db import Error as DatabaseError
 
 from sessions_app import log
-from sessions_app.errors import LeaseLost, SummarizerFailed, SummarizerNotConfigured
+from sessions_app.errors import DefinitionMissing, LeaseLost, SummarizerFailed, SummarizerNotConfigured
 from sessions_app.llm.types import ModelError
 from sessions_app.log.catalogue import MODEL_VISIBLE
 from sessions_app.models import Agent, AgentProfile, Event, Session
@@ -238,7 +238,9 @@ def _attempt(sid: uuid.UUID) -> CompactionResult | Declined:
 def compact_in_turn(session_id: uuid.UUID, fence: log.Fence, turn_seq: int) -> str | None:
     """Compact inside the open turn begun at `turn_seq`, at a step boundary,
     under the caller's lease (`fence`). None when it compacted, else why not.
-    Raises only LeaseLost (from the commit) and database errors."""
+    Raises LeaseLost (from the commit), database errors, and DefinitionMissing
+    when the summarizer, or the compactor role it needs, is gone (the runner
+    blocks the turn on it when it needed the compaction)."""
     sid = uuid.UUID(str(session_id))
     session = Session.objects.select_related("profile").filter(id=sid).first()
     if session is None:
@@ -254,9 +256,11 @@ def compact_in_turn(session_id: uuid.UUID, fence: log.Fence, turn_seq: int) -> s
         summarizer = get_summarizer(profile_of(session), sid)
         release_connection()
         summary = summarizer.summarize(history)
-    except (DatabaseError, LeaseLost):
+    except (DatabaseError, LeaseLost, DefinitionMissing):
         raise
-    except (SummarizerFailed, SummarizerNotConfigured, ModelError) as exc:
+    except SummarizerNotConfigured as exc:
+        raise DefinitionMissing("role:compactor", f"the summarizer needs the compactor role: {exc}") from exc
+    except (SummarizerFailed, ModelError) as exc:
         record_usages(sid, spent(exc))
         logger.warning("compaction of %s inside its turn failed: %s", sid, exc)
         return f"the summarizer failed: {exc}"

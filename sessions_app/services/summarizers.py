@@ -88,7 +88,7 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
-from sessions_app.errors import SummarizerFailed, SummarizerNotConfigured
+from sessions_app.errors import DefinitionMissing, SummarizerFailed, SummarizerNotConfigured
 from sessions_app.llm.registry import complete_utility
 from sessions_app.llm.types import ContextTooLong, ModelError, Usage
 from sessions_app.log.projection import SUMMARY_PREFIX
@@ -618,8 +618,16 @@ def _morph_usage(raw: Any) -> Usage | None:
     return Usage(max(prompt, 0), max(completion, 0), None if cost is None else float(cost))
 
 
+SUMMARIZERS = ("role", "morph")
+
+
 def get_summarizer(profile: AgentProfile | None, session_id: uuid.UUID | str | None = None) -> Summarizer:
-    """The profile's summarizer (role unless the profile says morph)."""
-    if profile is not None and profile.summarizer == "morph":
+    """The profile's summarizer (role unless the profile says morph). One
+    this code does not have (a newer release's, a removed one) raises
+    DefinitionMissing: never quietly another summarizer."""
+    name = profile.summarizer if profile is not None else "role"
+    if name == "morph":
         return MorphSummarizer()
+    if name and name not in SUMMARIZERS:
+        raise DefinitionMissing(f"summarizer:{name}", f"the running code has no summarizer {name!r}")
     return RoleSummarizer(profile, session_id)

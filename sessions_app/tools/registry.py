@@ -54,9 +54,21 @@ def _report_progress(ctx: ToolContext, payload: dict[str, Any]) -> None:
 class Registry(Mapping[str, Definition]):
     """An immutable mapping of tool name to Definition."""
 
-    def __init__(self, definitions: Iterable[Definition] = (), *, degraded: bool = False) -> None:
+    def __init__(
+        self,
+        definitions: Iterable[Definition] = (),
+        *,
+        degraded: bool = False,
+        unavailable: Mapping[str, str] | None = None,
+        absent: Iterable[str] = (),
+    ) -> None:
         # Degraded: some MCP server's tools are missing because it was down.
         self.degraded = degraded
+        # The MCP servers that were down, by name, with why; the built-in
+        # tools the configuration names that the running code does not have.
+        # What a turn that needs one of them is blocked on (runtime/definitions.py).
+        self.unavailable: Mapping[str, str] = MappingProxyType(dict(unavailable or {}))
+        self.absent: tuple[str, ...] = tuple(absent)
         items: dict[str, Definition] = {}
         for defn in definitions:
             if defn.name in items:
@@ -97,28 +109,35 @@ def build_registry(
 
     Configuration mistakes raise ValueError. An MCP server that cannot be
     reached raises MCPUnavailable when `strict`; otherwise its tools are left
-    out (and logged) and the registry reports itself `degraded`.
+    out (and logged), the registry reports itself `degraded` and names the
+    server in `unavailable`. Not `strict`, a built-in tool name the running
+    code does not know (one a deploy removed) is left out and named in
+    `absent`, for the runtime to block on rather than fail.
     """
-    definitions = [_builtin(name) for name in builtin_tools]
+    builtin_tools = list(builtin_tools)
+    absent = [] if strict else [n for n in builtin_tools if isinstance(n, str) and n not in BUILTINS]
+    definitions = [_builtin(name) for name in builtin_tools if name not in absent]
     mcp_servers = list(mcp_servers)
     if not mcp_servers:
-        return Registry(_override(definitions, approvals or {}), degraded=False)
+        return Registry(_override(definitions, approvals or {}), degraded=False, absent=absent)
     # Imported here: the MCP SDK takes about half a second to import, which
     # a worker whose agents use only built-in tools should never pay.
     from . import mcp
 
     configs = [mcp.ServerConfig.parse(raw) for raw in mcp_servers]
     _check_unique([c.name for c in configs])
-    degraded = False
+    unavailable: dict[str, str] = {}
     for config in configs:
         try:
             definitions.extend(mcp.list_tools(config, _report_progress))
-        except mcp.MCPUnavailable:
+        except mcp.MCPUnavailable as exc:
             if strict:
                 raise
             logger.exception("MCP server %r is unavailable; its tools are left out for now", config.name)
-            degraded = True
-    return Registry(_override(definitions, approvals or {}), degraded=degraded)
+            unavailable[config.name] = str(exc)
+    return Registry(
+        _override(definitions, approvals or {}), degraded=bool(unavailable), unavailable=unavailable, absent=absent
+    )
 
 
 def _check_unique(names: list[str]) -> None:

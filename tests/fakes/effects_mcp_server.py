@@ -8,6 +8,11 @@ sent none). Counting lines is how a test counts executions at the target.
 Its tools differ only in their annotations (mcp 2.x `MCPServer` API):
 `lookup` is read-only, `upsert` idempotent, `destroy` destructive (and
 idempotent), `mutate` has no annotations at all.
+
+Two switches make it another release of itself: EFFECTS_HIDE (tool names,
+comma-separated) leaves those tools out of its listing and its calls, and
+EFFECTS_FAIL_START=1 makes it exit before the handshake (a server that
+fails to start).
 """
 
 from __future__ import annotations
@@ -90,11 +95,16 @@ async def destroy(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seco
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def fx_server(effects_log: Path) -> dict[str, Any]:
-    """A profile's `mcp_servers` entry (named fx) for this server."""
+def fx_server(effects_log: Path, *, hide: tuple[str, ...] = (), fail_start: bool = False) -> dict[str, Any]:
+    """A profile's `mcp_servers` entry (named fx) for this server; `hide`
+    and `fail_start` set the switches above."""
     # The SDK starts servers with a minimal environment (no PYTHONPATH) in
     # the worker's cwd; PYTHONPATH makes `-m tests.fakes...` work from anywhere.
     env = {"EFFECTS_LOG": str(effects_log), "PYTHONPATH": str(_ROOT)}
+    if hide:
+        env["EFFECTS_HIDE"] = ",".join(hide)
+    if fail_start:
+        env["EFFECTS_FAIL_START"] = "1"
     return {"name": "fx", "command": sys.executable, "args": ["-m", "tests.fakes.effects_mcp_server"], "env": env}
 
 
@@ -107,4 +117,8 @@ def executions(effects_log: Path) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
+    if os.environ.get("EFFECTS_FAIL_START") == "1":
+        sys.exit("effects server: told to fail at start (EFFECTS_FAIL_START=1)")
+    for hidden in filter(None, os.environ.get("EFFECTS_HIDE", "").split(",")):
+        server.remove_tool(hidden)
     server.run("stdio")

@@ -55,6 +55,17 @@ def test_a_turn_blocked_by_a_context_overflow_says_so_in_its_code(client, auth, 
     body = call(client, "GET", url(session), **auth).data
     assert body["status"] == "blocked"
     assert (body["blocked"]["code"], body["blocked"]["reason"]) == ("context_overflow", reason)
+    assert body["blocked"]["what"] is None
+
+
+def test_a_turn_blocked_by_a_missing_definition_names_it(client, auth, session):
+    log.append(session.id, "turn/start", {})
+    reason = "MCP server 'fx' could not start: exited"
+    blocked = {"reason": reason, "attempts": 1, "code": "definition_missing", "what": "mcp_server:fx"}
+    log.append(session.id, "turn/blocked", blocked)
+    body = call(client, "GET", url(session), **auth).data
+    assert body["status"] == "blocked"
+    assert (body["blocked"]["code"], body["blocked"]["what"]) == ("definition_missing", "mcp_server:fx")
 
 
 def test_a_session_waiting_for_an_agent_slot_says_so(client, auth, owner):
@@ -161,6 +172,6 @@ def test_the_openapi_document_describes_retry_blocked_waiting_and_closed(client)
         "revoked",
     }
     assert {"blocked", "waiting"} <= set(schemas["SessionOut"]["required"])
-    assert set(schemas["BlockedOut"]["properties"]) == {"reason", "attempts", "code", "since"}
+    assert set(schemas["BlockedOut"]["properties"]) == {"reason", "attempts", "code", "what", "since"}
     assert set(schemas["WaitingOut"]["properties"]) == {"reason", "since"}
     assert set(schemas["CancelOut"]["properties"]) == {"cancelled", "closed"}

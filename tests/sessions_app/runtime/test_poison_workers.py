@@ -84,14 +84,15 @@ def test_poison_turns_end_with_bounded_model_requests(
     (asked,) = events(parked, "approval/requested")
     approvals.decide(parked.id, asked["call_id"], "approve", user=make_reviewer("rev"))
 
-    wait_for(lambda: turn_end(unknown_tool) is not None, timeout=20, what="the unknown tool's turn/end")
+    wait_for(lambda: events(unknown_tool, "turn/blocked"), timeout=20, what="the unknown built-in's turn/blocked")
     wait_for(lambda: turn_end(big) is not None, timeout=20, what="the refused result's turn/end")
     wait_for(lambda: events(parked, "turn/blocked"), timeout=20, what="the 400's turn/blocked")
     wait_for(lambda: Session.objects.get(id=flaky.id).status == "blocked", timeout=30, what="the flaky session blocked")
 
-    end = turn_end(unknown_tool)
-    assert end is not None and end["status"] == "failed" and "no.such" in end["error"]
-    assert requests_for(fake_llm, "UNKNOWN") == 0
+    # A built-in the code lacks is a missing definition: blocked, not failed, and nothing asked of the model.
+    (missing,) = events(unknown_tool, "turn/blocked")
+    assert (missing["code"], missing["what"]) == ("definition_missing", "tool:no.such")
+    assert turn_end(unknown_tool) is None and requests_for(fake_llm, "UNKNOWN") == 0
     end = turn_end(big)
     assert end is not None and end["status"] == "failed" and "larger than 65536 bytes" in end["error"]
     assert requests_for(fake_llm, "BIGREAD") == 1
@@ -108,6 +109,7 @@ def test_poison_turns_end_with_bounded_model_requests(
     time.sleep(3)
     assert requests_for(fake_llm, "FLAKY") == flaky_requests
     assert not Event.objects.filter(session=flaky, kind="turn/end").exists()
+    assert len(events(unknown_tool, "turn/blocked")) == 1
     # The operator's retry is one more attempt, through the worker.
     services.retry(flaky.id, by="ops")
     wait_for(lambda: len(events(flaky, "turn/blocked")) == 2, timeout=20, what="blocked again")

@@ -64,22 +64,22 @@ def drive_until_quiet(session: Session, rounds: int = 20) -> list[str]:
     return outcomes
 
 
-def test_unknown_builtin_tool_fails_the_turn_without_a_model_request(
+def test_unknown_builtin_tool_blocks_the_turn_without_a_model_request(
     fake_llm: Any, make_user: Any, settings: Any
 ) -> None:
     broken = AgentProfile.objects.create(name="broken", roles={"main": "test/model"}, builtin_tools=["no.such"])
     session = services.create_session(make_user(), broken)  # created past the admin's validation
     services.run_turn(session.id, "hi")
-    assert drive(session.id) == "ended"
-    end = ended(session)
-    assert end["status"] == "failed" and "no.such" in end["error"]
-    assert fake_llm.requests == []
+    assert drive(session.id) == "blocked"
+    (blocked,) = events(session, "turn/blocked")
+    assert (blocked["code"], blocked["what"]) == ("definition_missing", "tool:no.such")
+    assert fake_llm.requests == [] and events(session, "turn/end") == []
     session.refresh_from_db()
-    assert session.status == "idle"
-    # later input runs (and fails the same way, once): nothing piles up as queued
+    assert session.status == "blocked"
+    # later input rides into the open turn, which blocks the same way, once: no loop, no model request
     services.inject(session.id, "again", wake=True)
-    drive(session.id)
-    assert [e["status"] for e in events(session, "turn/end")] == ["failed", "failed"]
+    assert drive(session.id) == "blocked"
+    assert len(events(session, "turn/blocked")) == 2 and fake_llm.requests == []
 
 
 def test_a_raising_pre_step_hook_fails_the_turn(fake_llm: Any, session: Session) -> None:

@@ -76,9 +76,15 @@ def test_approval_overrides_are_applied_without_touching_builtins():
 
 
 def test_unknown_builtin_is_a_clear_error():
-    profile = make_profile(builtin_tools=["clock.now", "shell.exec"])
     with pytest.raises(ValueError, match=r"unknown built-in tool 'shell.exec'.*known built-ins: clock.now"):
-        registry_for_profile(profile)
+        build_registry(["clock.now", "shell.exec"])
+
+
+def test_a_profile_naming_a_builtin_the_code_lacks_gets_a_registry_that_names_it_absent():
+    # Not an error here: the runtime blocks the turn on it (definition_missing) rather than failing it.
+    profile = make_profile(builtin_tools=["clock.now", "shell.exec"])
+    reg = registry_for_profile(profile)
+    assert reg.names() == ["clock.now"] and reg.absent == ("shell.exec",)
 
 
 def test_non_string_builtin_is_refused():
@@ -144,6 +150,8 @@ def test_unavailable_mcp_server_degrades_and_is_not_cached():
     reg = registry_for_profile(profile)
     assert reg.degraded is True
     assert reg.names() == ["clock.now"]
+    # Named with why, for a turn that owes a call to one of its tools (runtime/definitions.py).
+    assert list(reg.unavailable) == ["broken"] and "could not start" in reg.unavailable["broken"]
     assert registry_for_profile(profile) is not reg
     with pytest.raises(mcp.MCPUnavailable):
         build_registry([], servers)

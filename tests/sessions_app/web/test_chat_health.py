@@ -122,6 +122,16 @@ def test_a_context_overflow_says_what_does_not_fit(chat: Session) -> None:
     assert "after 1 attempt" not in shown
 
 
+def test_a_missing_definition_says_what_is_missing(chat: Session) -> None:
+    log.append(chat.id, "turn/start", {})
+    reason = "MCP server 'fx' no longer lists 'mcp.fx.mutate', which a call is owed to"
+    blocked = {"reason": reason, "attempts": 1, "code": "definition_missing", "what": "tool:mcp.fx.mutate"}
+    log.append(chat.id, "turn/blocked", blocked)
+    shown = facts(page(client_for(chat.owner), chat))
+    assert 'data-status="blocked"' in shown and 'id="retry-button"' in shown
+    assert "missing tool:mcp.fx.mutate: MCP server &#x27;fx&#x27; no longer lists" in shown
+
+
 # ------------------------------------------------------------------ the retry view
 
 
