@@ -37,6 +37,8 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - forks.py: fork, edit_and_resend, regenerate
 - operators.py: attention, suspend, resume, session_action (staff: retry,
   abandon, revoke, restore)
+- versions.py: upgrade (owner or staff, through the pre-flight),
+  profile_versions, upgrade_profile (operators: a profile's sessions in bulk)
 
 The needs are view, drive, approve, resolve and operate (access.py;
 sessions_app/permissions.py says who has each).
@@ -82,6 +84,7 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
+from sessions_app.actions.versions import profile_versions, upgrade, upgrade_profile
 
 __all__ = [
     "SESSION_ACTIONS",
@@ -114,6 +117,7 @@ __all__ = [
     "live_state",
     "operator",
     "parse_session_id",
+    "profile_versions",
     "regenerate",
     "rename",
     "resolve",
@@ -131,6 +135,8 @@ __all__ = [
     "socket_access",
     "suspend",
     "unarchive",
+    "upgrade",
+    "upgrade_profile",
     "usable_profiles",
     "visible",
     "withdraw",

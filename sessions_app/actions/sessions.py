@@ -19,6 +19,8 @@ from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
+from sessions_app.services import versions as version_services
+from sessions_app.services.versions import SessionVersion
 
 
 def usable_profiles(user: Any) -> QuerySet[AgentProfile]:
@@ -69,6 +71,7 @@ class SessionDetail:
     usage: dict[str, Any]
     pending: list[Any]
     budget: dict[str, Any]
+    version: SessionVersion | None = None
 
     def as_json(self) -> dict[str, Any]:
         session, totals = self.session, self.usage
@@ -87,6 +90,7 @@ class SessionDetail:
             "last_seq": session.last_seq,
             "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in self.pending],
             "budget": self.budget,
+            "version": self.version.as_json() if self.version is not None else None,
         }
 
 
@@ -97,6 +101,7 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         usage=usage(session),
         pending=list(approvals.pending(session.id)),
         budget=budget_services.budget_of(session.id),
+        version=version_services.version_of(session),
     )
 
 
