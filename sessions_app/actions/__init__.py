@@ -38,7 +38,8 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - operators.py: attention, suspend, resume, session_action (staff: retry,
   abandon, revoke, restore)
 - versions.py: upgrade (owner or staff, through the pre-flight),
-  profile_versions, upgrade_profile (operators: a profile's sessions in bulk)
+  profile_versions, upgrade_profile (operators: a profile's sessions in bulk),
+  session_version and newest_version (for a socket or /lg/ that let the reader in)
 
 The needs are view, drive, approve, resolve and operate (access.py;
 sessions_app/permissions.py says who has each).
@@ -84,7 +85,13 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
-from sessions_app.actions.versions import profile_versions, upgrade, upgrade_profile
+from sessions_app.actions.versions import (
+    newest_version,
+    profile_versions,
+    session_version,
+    upgrade,
+    upgrade_profile,
+)
 
 __all__ = [
     "SESSION_ACTIONS",
@@ -115,6 +122,7 @@ __all__ = [
     "list_profiles",
     "list_schedules",
     "live_state",
+    "newest_version",
     "operator",
     "parse_session_id",
     "profile_versions",
@@ -129,6 +137,7 @@ __all__ = [
     "session_action",
     "session_detail",
     "session_for",
+    "session_version",
     "set_budget",
     "set_model",
     "set_policy",

@@ -124,7 +124,8 @@ def live_state(session_id: uuid.UUID) -> dict[str, Any]:
     session = Session.objects.filter(id=session_id).first()
     if session is None:
         raise UnknownSession(f"no session {session_id}")
-    return {"last_seq": session.last_seq, **health(session)}
+    found = version_services.version_of(session)
+    return {"last_seq": session.last_seq, **health(session), "version": found.as_json() if found else None}
 
 
 @dataclass(frozen=True)

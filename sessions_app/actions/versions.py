@@ -9,6 +9,7 @@ from sessions_app.actions.access import by, operator, session_for
 from sessions_app.actions.sessions import usable_profiles
 from sessions_app.errors import InvalidInput
 from sessions_app.models import AgentProfile, Session
+from sessions_app.runtime import versions as runtime_versions
 from sessions_app.services import versions
 from sessions_app.services.versions import BulkUpgrade, SessionVersion, VersionRow
 
@@ -41,3 +42,16 @@ def _profile(user: Any, name: str) -> AgentProfile:
     if found is None:
         raise InvalidInput(f"unknown profile {name[:64]!r}; GET /api/profiles lists yours")
     return found
+
+
+def session_version(session: Session) -> dict[str, Any] | None:
+    """{number, digest, latest} of a session its reader was let in to already
+    (the socket's hello, /lg/'s thread metadata); None: no profile."""
+    found = versions.version_of(session)
+    return found.as_json() if found is not None else None
+
+
+def newest_version(profile: AgentProfile) -> int:
+    """The number of the profile's newest version (/lg/'s assistant `version`)."""
+    newest = runtime_versions.latest(profile.pk)
+    return newest.number if newest is not None else 1

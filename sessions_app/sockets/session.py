@@ -122,6 +122,7 @@ class SessionConsumer(Follower):
             "waiting": state["waiting"],
             "unknown_effects": state["unknown_effects"],
             "budget": state.get("budget"),
+            "version": state.get("version"),
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,

@@ -4,16 +4,19 @@ pre-flight (runtime/versions.py, services/versions.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
 from django.test import Client
 
 from sessions_app import log, services
 from sessions_app.errors import UpgradeRefused
+from sessions_app.lg import ops as lg_ops
 from sessions_app.models import AgentProfile, AgentVersion, Event, Session
 from sessions_app.runtime import versions
 from sessions_app.services import versions as version_services
@@ -229,3 +232,80 @@ def test_concurrent_saves_never_share_a_number() -> None:
     newest = AgentVersion.objects.get(profile=profile, number=got[-1])
     assert newest.digest == versions.digest_of(versions.snapshot_of(profile))
     assert connection.vendor == "postgresql"
+
+
+# ---------------------------------------------------------------- operators
+
+
+def _two_sessions(make_user: Any, profile: AgentProfile) -> tuple[Session, Session]:
+    """One session parked on a call of workspace.write, one idle; then the
+    profile's version 2 drops workspace.write."""
+    parked = services.create_session(make_user("a"), profile)
+    idle = services.create_session(make_user("b"), profile)
+    _parked_on(parked, "workspace.write", {"path": "a.txt", "content": "x"})
+    services.run_turn(idle.id, "go")
+    end_turn(idle)
+    profile.builtin_tools = ["clock.now"]
+    profile.save()
+    return parked, idle
+
+
+@pytest.mark.django_db
+def test_the_command_upgrades_in_bulk_and_lists_the_refused(make_user: Any, profile: AgentProfile) -> None:
+    parked, idle = _two_sessions(make_user, profile)
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("upgrade_sessions", profile.name, stdout=out)
+    assert exited.value.code == 1
+    text = out.getvalue()
+    assert f"{idle.id}: upgraded to version 2" in text
+    assert f"{parked.id}: refused: pending approval c1 (workspace.write): the tool is absent" in text
+    assert "1 upgraded, 1 refused" in text
+    assert Session.objects.get(id=parked.id).agent_version == 1
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_versions_and_upgrades_a_profiles_sessions(
+    client: Client, make_user: Any, profile: AgentProfile
+) -> None:
+    parked, idle = _two_sessions(make_user, profile)
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    page = client.get(f"/admin/sessions_app/agentprofile/{profile.pk}/change/").content.decode()
+    assert "v2 (" in page and "): 0; v1 (" in page  # newest first, with its session count
+    url = "/admin/sessions_app/agentprofile/"
+    answer = client.post(url, {"action": "upgrade_sessions", "_selected_action": [profile.pk]}, follow=True)
+    text = answer.content.decode()
+    assert f"Profile {profile.name}: 1 upgraded to version 2" in text
+    assert f"Profile {profile.name}: {parked.id} refused: pending approval c1" in text
+    assert Session.objects.get(id=idle.id).agent_version == 2
+
+
+@pytest.mark.django_db
+def test_metrics_count_sessions_per_version(client: Client, make_user: Any, profile: AgentProfile) -> None:
+    _two_sessions(make_user, profile)
+    client.force_login(make_user("ops", is_staff=True))
+    text = client.get("/metrics").content.decode()
+    assert 'terret_sessions_by_version{profile="t",version="1"} 2.0' in text
+
+
+@pytest.mark.django_db
+def test_profile_versions_are_listed(client: Client, owner: Any, profile: AgentProfile) -> None:
+    profile.system_prompt = "v2"
+    profile.save()
+    answer = client.get(f"/api/profiles/{profile.name}/versions", **bearer(token_for(owner)))
+    assert answer.status_code == 200
+    got = answer.json()["versions"]
+    assert [v["number"] for v in got] == [2, 1]
+    assert got[0]["snapshot"]["profile"]["system_prompt"] == "v2" and got[0]["sessions"] == 0
+    assert client.get("/api/profiles/nope/versions", **bearer(token_for(owner))).status_code == 400
+
+
+@pytest.mark.django_db
+def test_lg_threads_and_assistants_carry_the_version(session: Session, profile: AgentProfile) -> None:
+    services.run_turn(session.id, "one")
+    profile.system_prompt = "v2"
+    profile.save()
+    assert lg_ops.assistant(profile)["version"] == 2
+    session.refresh_from_db()
+    got = lg_ops.thread(session, values=False)["metadata"]["version"]
+    assert got == {"number": 1, "digest": versions.get(profile.pk, 1).digest, "latest": 2}  # type: ignore[union-attr]
