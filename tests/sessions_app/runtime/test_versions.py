@@ -111,7 +111,8 @@ def test_pinned_stays_until_an_upgrade(session: Session, profile: AgentProfile, 
     end_turn(session)
     profile.system_prompt = "changed"
     profile.save()
-    services.run_turn(session.id, "two")  # the fast path (start_if_idle) is one of the doors
+    receipt = services.inject(session.id, "two", wake=True)  # admission's guarded fast path
+    assert receipt.disposition == "started"
     end_turn(session)
     assert starts(session) == [1, 1] and kinds(session, "session/upgraded") == []
 
@@ -309,3 +310,12 @@ def test_lg_threads_and_assistants_carry_the_version(session: Session, profile: 
     session.refresh_from_db()
     got = lg_ops.thread(session, values=False)["metadata"]["version"]
     assert got == {"number": 1, "digest": versions.get(profile.pk, 1).digest, "latest": 2}  # type: ignore[union-attr]
+
+
+@pytest.mark.django_db
+def test_the_fast_path_writes_nothing_once_the_version_it_read_moved(session: Session) -> None:
+    services.run_turn(session.id, "one")
+    end_turn(session)
+    items = [("turn/start", {}), ("user/message", {"text": "x"})]
+    assert log.append_many(session.id, items, guard=("idle_empty_inbox_at", 7)) == []  # on version 1, not 7
+    assert len(log.append_many(session.id, items, guard=("idle_empty_inbox_at", 1))) == 2
