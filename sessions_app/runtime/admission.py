@@ -149,16 +149,15 @@ def start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> list[Appen
     turn/start + user/message, so no transaction is held open around a
     separate read. Empty (nothing written) when the agent is not idle or
     input is queued; the caller then takes the locked path, which handles both."""
-    found = versions.opening_for_session(session_id)
-    if found is None or found[0].entries():
+    opening = versions.opening_for_session(session_id)
+    if opening is None or opening.entries():
         return []  # an upgrade is due at this boundary (or no session): the locked path writes it
-    opening, current = found
     items: list[tuple[str, dict[str, Any]]] = [
         ("turn/start", opening.stamp(tracing.turn_start({"by": by} if by else {}))),
         ("user/message", {"text": text}),
     ]
     # The version read above is still the session's, or nothing is written.
-    return log.append_many(session_id, items, guard=("idle_empty_inbox_at", current or 0))
+    return log.append_many(session_id, items, guard=("idle_empty_inbox_at", opening.previous or 0))
 
 
 def drain_inbox(session_id: uuid.UUID, fence: Fence) -> bool:

@@ -184,8 +184,11 @@ class Opening:
         return data if self.version is None else {**data, "version": self.version.ref()}
 
 
-def _newest() -> Subquery:
-    return Subquery(AgentVersion.objects.filter(profile_id=OuterRef("profile_id")).order_by("-number").values("number")[:1])
+def _newest(profile_column: str) -> Subquery:
+    """The newest version's number of the profile whose id is the outer row's `profile_column`."""
+    return Subquery(
+        AgentVersion.objects.filter(profile_id=OuterRef(profile_column)).order_by("-number").values("number")[:1]
+    )
 
 
 def opening(profile_id: int | None, current: int | None) -> Opening:
@@ -197,7 +200,7 @@ def opening(profile_id: int | None, current: int | None) -> Opening:
         return Opening(None, current)
     head = (
         AgentProfile.objects.filter(pk=profile_id)
-        .annotate(newest=_newest_of_pk())
+        .annotate(newest=_newest("pk"))
         .values_list("upgrade_policy", "newest")
         .first()
     )
@@ -206,12 +209,12 @@ def opening(profile_id: int | None, current: int | None) -> Opening:
     return _decide(profile_id, current, *head)
 
 
-def opening_for_session(session_id: Any) -> tuple[Opening, int | None] | None:
+def opening_for_session(session_id: Any) -> Opening | None:
     """`opening` for a session not locked (admission's guarded fast path), in
-    one read, with the session's version as read; None: no such session."""
+    one read; its `previous` is the session's version as read. None: no such session."""
     head = (
         Session.objects.filter(id=session_id)
-        .annotate(newest=_newest())
+        .annotate(newest=_newest("profile_id"))
         .values_list("profile_id", "agent_version", "profile__upgrade_policy", "newest")
         .first()
     )
@@ -219,12 +222,8 @@ def opening_for_session(session_id: Any) -> tuple[Opening, int | None] | None:
         return None
     profile_id, current, policy, number = head
     if profile_id is None:
-        return Opening(None, current), current
-    return _decide(profile_id, current, policy, number), current
-
-
-def _newest_of_pk() -> Subquery:
-    return Subquery(AgentVersion.objects.filter(profile_id=OuterRef("pk")).order_by("-number").values("number")[:1])
+        return Opening(None, current)
+    return _decide(profile_id, current, policy, number)
 
 
 def _decide(profile_id: int, current: int | None, policy: str, number: int | None) -> Opening:
