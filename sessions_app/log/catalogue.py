@@ -556,7 +556,7 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"from": {"type": ["integer", "null"]}, "to": _SEQ, "by": _NONEMPTY}, ["from", "to", "by"]),
             False,
             "The session moves from agent version `from` to `to`: at a turn's opening by the profile's "
-            "upgrade_policy (`by` \"policy\"), or by an owner or operator (`by` names them; an open turn, "
+            'upgrade_policy (`by` "policy"), or by an owner or operator (`by` names them; an open turn, '
             "parked or blocked, goes on under `to` after the pre-flight found nothing it would strand).",
             lambda d: [("agent_version = %s", [d["to"]])],
         ),

@@ -6,35 +6,45 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('sessions_app', '0023_woken_steers'),
+        ("sessions_app", "0023_woken_steers"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agentprofile',
-            name='upgrade_policy',
-            field=models.CharField(choices=[('next_turn', 'Next turn opens on the newest version'), ('pinned', 'Pinned until upgraded')], default='next_turn', max_length=16),
+            model_name="agentprofile",
+            name="upgrade_policy",
+            field=models.CharField(
+                choices=[("next_turn", "Next turn opens on the newest version"), ("pinned", "Pinned until upgraded")],
+                default="next_turn",
+                max_length=16,
+            ),
         ),
         migrations.AddField(
-            model_name='session',
-            name='agent_version',
+            model_name="session",
+            name="agent_version",
             field=models.IntegerField(blank=True, null=True),
         ),
         migrations.CreateModel(
-            name='AgentVersion',
+            name="AgentVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('digest', models.CharField(max_length=64)),
-                ('snapshot', models.JSONField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('profile', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='sessions_app.agentprofile')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                ("digest", models.CharField(max_length=64)),
+                ("snapshot", models.JSONField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "profile",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="sessions_app.agentprofile",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['profile', '-number'],
-                'constraints': [models.UniqueConstraint(fields=('profile', 'number'), name='agent_version_number')],
+                "ordering": ["profile", "-number"],
+                "constraints": [models.UniqueConstraint(fields=("profile", "number"), name="agent_version_number")],
             },
         ),
     ]
