@@ -46,9 +46,10 @@ def test_an_edit_while_parked_does_not_reach_the_parked_turn(
         Reply(text="second turn"),
     )
     session = services.create_session(make_user("owner"), profile)
-    start_worker(name="w")
+    first = start_worker(name="first")
     services.run_turn(session.id, "write the file")
     wait_for(lambda: pending(session.id), 60, "the call to park")
+    first.kill()  # the parked turn goes on in a fresh process, which never saw version 1 before
 
     # The edit drops the parked call's approval and changes the prompt: v2.
     profile.system_prompt = "prompt of version two"
@@ -58,6 +59,7 @@ def test_an_edit_while_parked_does_not_reach_the_parked_turn(
 
     [call] = pending(session.id)
     approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), request_seq=call.seq)
+    start_worker(name="second")
     wait_for(lambda: data(session, "turn/end"), 60, "the approved turn to end")
     assert (tmp_path / session.id.hex / "out.txt").read_text() == "x"
     # The model call after the approved result ran under the version that asked.
