@@ -34,7 +34,7 @@ from sessions_app.notify import outbox
 from sessions_app.notify import services as notify_services
 from sessions_app.permissions import is_operator
 from sessions_app.runtime.profiles import check_profile
-from sessions_app.services import operators, schedules
+from sessions_app.services import operators, schedules, versions
 from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
 
@@ -118,6 +118,7 @@ class AgentProfileForm(ProfileChecks):
             "on_stall",
             "schedule_max_runs",
             "schedule_expires_days",
+            "upgrade_policy",
             "created_at",
         ]
         help_texts = {
@@ -161,10 +162,31 @@ class ProfileNotificationsInline(admin.StackedInline):  # type: ignore[type-arg]
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     form = AgentProfileForm
-    list_display = ["name", "summarizer", "compaction_budget", "created_at"]
+    list_display = ["name", "summarizer", "compaction_budget", "upgrade_policy", "created_at"]
     search_fields = ["name", "description"]
-    actions = ["suspend_profiles", "resume_profiles"]
+    actions = ["suspend_profiles", "resume_profiles", "upgrade_sessions"]
+    readonly_fields = ["agent_versions"]
     inlines = [ProfileNotificationsInline]  # which channels its sessions' notifications use (docs/notifications.md)
+
+    @admin.display(description="Agent versions (newest first): sessions on each")
+    def agent_versions(self, obj: AgentProfile) -> str:
+        if obj.pk is None:
+            return "version 1 is recorded on save"
+        rows = versions.versions_of(obj)
+        return "; ".join(f"v{v.number} ({v.digest[:12]}, {v.created_at:%Y-%m-%d %H:%M}): {v.sessions}" for v in rows)
+
+    @admin.action(description="Upgrade these profiles' sessions to their newest version (pre-flight per session)")
+    def upgrade_sessions(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:
+        if not is_operator(request.user):
+            self.message_user(request, "Only operators may upgrade sessions.", messages.ERROR)
+            return
+        for profile in queryset[:ACTION_LIMIT]:
+            out = versions.upgrade_profile(profile, None, by=str(request.user.get_username()))
+            self.message_user(request, f"Profile {profile.name}: {len(out.upgraded)} upgraded to version {out.to}")
+            for sid, reasons in list(out.refused.items())[:ACTION_LIMIT]:
+                self.message_user(
+                    request, f"Profile {profile.name}: {sid} refused: {'; '.join(reasons)}", messages.WARNING
+                )
 
     @admin.action(description="Suspend admission for these profiles")
     def suspend_profiles(self, request: HttpRequest, queryset: QuerySet[AgentProfile]) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_save
 
 
 class SessionsAppConfig(AppConfig):
@@ -12,13 +13,15 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
-        from sessions_app.runtime import hooks
+        from sessions_app.runtime import hooks, versions
         from sessions_app.services import compaction, schedules
         from sessions_app.services.post_turn import post_turn
 
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
+        # Every save of a profile records a version if its definition changed.
+        post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 
         # Local for the same reason. The notifications' listener registers
         # itself with the log's fan-out on import; it is handed the sender's

@@ -304,6 +304,24 @@ class InvalidForkPoint(TerretError):
         self.after = after
 
 
+# -- agent versions
+
+
+class UpgradeRefused(TerretError):
+    """An upgrade of a session to another agent version would strand
+    something of its open turn (an owed call or a pending approval whose tool
+    the target lacks or whose arguments its schema rejects) or would move a
+    turn a worker is driving right now; nothing changed. `reasons` says what,
+    one sentence each."""
+
+    code = "upgrade_refused"
+    status = 409
+
+    def __init__(self, message: str, *, reasons: list[str]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
+
+
 # ---------------------------------------------------------------- the protocol (every door)
 
 

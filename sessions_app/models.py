@@ -127,12 +127,36 @@ class AgentProfile(models.Model):
     on_stall = models.CharField(max_length=16, choices=ON_STALL_CHOICES, default="report")
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # When a session moves to the profile's newest version (AgentVersion):
+    # at its next turn's opening, or only when an owner or operator upgrades it.
+    UPGRADE_POLICIES = [("next_turn", "Next turn opens on the newest version"), ("pinned", "Pinned until upgraded")]
+    upgrade_policy = models.CharField(max_length=16, choices=UPGRADE_POLICIES, default="next_turn")
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+
+class AgentVersion(models.Model):
+    """One immutable definition of a profile: everything a turn depends on
+    (runtime/versions.py builds the snapshot and records a version whenever a
+    save changes its digest). A turn runs to its end under the version its
+    turn/start names."""
+
+    profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    digest = models.CharField(max_length=64)
+    snapshot = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["profile", "-number"]
+        constraints = [models.UniqueConstraint(fields=["profile", "number"], name="agent_version_number")]
+
+    def __str__(self) -> str:
+        return f"{self.profile_id} v{self.number}"
 
 
 class Session(models.Model):
@@ -236,6 +260,10 @@ class Session(models.Model):
     # the two cursors: PostgreSQL estimates a column-to-column comparison at
     # a third of the rows and then scans (docs/scaling.md, section 1).
     woken_steers = models.IntegerField(default=0)
+    # The AgentVersion number the session runs under (its open turn's, else
+    # its last turn's or an upgrade's); written by turn/start and
+    # session/upgraded. None: no turn has opened since versions exist.
+    agent_version = models.IntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

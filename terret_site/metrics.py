@@ -109,6 +109,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         now = timezone.now()
         yield from self._sessions(now)
+        yield self._versions()
         yield self._oldest_approval(now)
         yield from self._turns()
         yield from self._usage()
@@ -178,6 +179,22 @@ class DatabaseCollector(Collector):
             "Of those, the attempts of turns that have ended (cancelled or failed around them).",
             max(_int(row["unresolved"]) - _int(row["unknown_open"]), 0),
         )
+
+    def _versions(self) -> Metric:
+        gauge = GaugeMetricFamily(
+            "terret_sessions_by_version",
+            "Sessions by profile and the agent version they run under (Session.agent_version).",
+            labels=["profile", "version"],
+        )
+        rows = (
+            Session.objects.filter(agent_version__isnull=False)
+            .values("profile__name", "agent_version")
+            .annotate(n=Count("pk"))
+            .order_by("profile__name", "agent_version")
+        )
+        for r in rows:
+            gauge.add_metric([_profile(r["profile__name"]), str(r["agent_version"])], _int(r["n"]))
+        return gauge
 
     def _oldest_approval(self, now: datetime) -> Metric:
         answered = Event.objects.filter(

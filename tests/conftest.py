@@ -59,9 +59,10 @@ def no_learned_windows() -> Any:
     (runtime/windows.py keeps it for a minute) must not shrink the next
     test's requests: its ModelWindow row is gone with the test's database."""
     yield
-    from sessions_app.runtime import counters, limits, windows
+    from sessions_app.runtime import counters, limits, versions, windows
 
     windows.forget()
+    versions.forget()  # agent versions cached by (profile, number): the next test's profile may reuse the pk
     limits.forget_suspensions()  # the same for this process's copy of the operators' suspensions
     counters.forget()  # and for counts a sweep round could not flush
 

@@ -39,6 +39,9 @@ Verbs, by noun (`verb(user, session_id, ...)`):
   abandon, revoke, restore)
 - notifications.py: notification_settings, set_notification_settings (the
   signed-in person's own; no session)
+- versions.py: upgrade (owner or staff, through the pre-flight),
+  profile_versions, upgrade_profile (operators: a profile's sessions in bulk),
+  session_version and newest_version (for a socket or /lg/ that let the reader in)
 
 The needs are view, drive, approve, resolve and operate (access.py;
 sessions_app/permissions.py says who has each).
@@ -85,6 +88,13 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
+from sessions_app.actions.versions import (
+    newest_version,
+    profile_versions,
+    session_version,
+    upgrade,
+    upgrade_profile,
+)
 
 __all__ = [
     "SESSION_ACTIONS",
@@ -115,9 +125,11 @@ __all__ = [
     "list_profiles",
     "list_schedules",
     "live_state",
+    "newest_version",
     "notification_settings",
     "operator",
     "parse_session_id",
+    "profile_versions",
     "regenerate",
     "rename",
     "resolve",
@@ -129,6 +141,7 @@ __all__ = [
     "session_action",
     "session_detail",
     "session_for",
+    "session_version",
     "set_budget",
     "set_model",
     "set_notification_settings",
@@ -136,6 +149,8 @@ __all__ = [
     "socket_access",
     "suspend",
     "unarchive",
+    "upgrade",
+    "upgrade_profile",
     "usable_profiles",
     "visible",
     "withdraw",

@@ -19,7 +19,9 @@ from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
+from sessions_app.services import versions as version_services
 from sessions_app.services.operators import turn_progress
+from sessions_app.services.versions import SessionVersion
 from sessions_app.validation import int_in_column
 
 
@@ -76,6 +78,7 @@ class SessionDetail:
     pending: list[Any]
     budget: dict[str, Any]
     progress: Any  # services.operators.turn_progress: the open turn's progress
+    version: SessionVersion | None = None
 
     def as_json(self) -> dict[str, Any]:
         session, totals = self.session, self.usage
@@ -95,6 +98,7 @@ class SessionDetail:
             "pending_approvals": [{**p.as_json(), "seq": p.seq} for p in self.pending],
             "budget": self.budget,
             "progress": self.progress.as_json(),
+            "version": self.version.as_json() if self.version is not None else None,
         }
 
 
@@ -106,6 +110,7 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         pending=list(approvals.pending(session.id)),
         budget=budget_services.budget_of(session.id),
         progress=turn_progress(session),
+        version=version_services.version_of(session),
     )
 
 
@@ -128,7 +133,8 @@ def live_state(session_id: uuid.UUID) -> dict[str, Any]:
     session = Session.objects.filter(id=session_id).first()
     if session is None:
         raise UnknownSession(f"no session {session_id}")
-    return {"last_seq": session.last_seq, **health(session)}
+    found = version_services.version_of(session)
+    return {"last_seq": session.last_seq, **health(session), "version": found.as_json() if found else None}
 
 
 @dataclass(frozen=True)

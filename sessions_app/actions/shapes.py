@@ -169,6 +169,14 @@ class NotificationsIn(In):
     )
 
 
+class UpgradeIn(In):
+    """Move the session to another version of its profile (docs/protocol.md, "Agent versions")."""
+
+    to: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = Field(
+        None, description="a version number of the session's profile; null: the newest"
+    )
+
+
 class ReasonIn(In):
     """An operator's action on one session, with why (the operators' log keeps it)."""
 

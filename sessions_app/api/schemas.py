@@ -32,6 +32,7 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ScheduleIn,
     ScopeIn,
     Status,
+    UpgradeIn,
 )
 from sessions_app.models import AgentProfile as ProfileRow
 from sessions_app.models import Schedule as ScheduleRow
@@ -82,6 +83,38 @@ class ForkErrorOut(Schema):
     message: str
     before: int | None = None
     after: int | None = None
+
+
+class UpgradeRefusedOut(Schema):
+    """`upgrade_refused` (409): what the upgrade would strand; nothing changed."""
+
+    code: str
+    message: str
+    reasons: list[str] = Field(default_factory=list)
+
+
+class VersionOut(Schema):
+    """The agent version a session runs under (before its first turn: the one it
+    would open on) and its profile's newest."""
+
+    number: int
+    digest: str = Field(description="sha256 of the version's canonical snapshot")
+    latest: int
+
+
+class ProfileVersionOut(Schema):
+    number: int
+    digest: str
+    created_at: str
+    snapshot: dict[str, Any] = Field(
+        description="everything a turn depends on: `profile` (the profile's fields but name, description, "
+        "created_at and upgrade_policy) and `tools` (each built-in tool's name, parameters, approval, replay)"
+    )
+    sessions: int = Field(description="sessions on this version now")
+
+
+class ProfileVersionsOut(Schema):
+    versions: list[ProfileVersionOut]
 
 
 class UsageOut(Schema):
@@ -207,6 +240,7 @@ class SessionOut(Schema):
     pending_approvals: list[PendingOut]
     budget: BudgetOut = Field(description="as GET …/budget answers")
     progress: ProgressOut = Field(description="what the open turn has done lately (docs/runtime.md, liveness)")
+    version: VersionOut | None = Field(description="null: the session names no profile")
 
 
 class ReceiptOut(Schema):

@@ -42,6 +42,7 @@ from sessions_app.api.schemas import (
     PolicyIn,
     PolicyOut,
     ProfilesOut,
+    ProfileVersionsOut,
     ReasonIn,
     ReceiptOut,
     ResolveIn,
@@ -54,6 +55,9 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    UpgradeIn,
+    UpgradeRefusedOut,
+    VersionOut,
     created_out,
     effects_out,
     fork_out,
@@ -72,6 +76,7 @@ from sessions_app.errors import (
     PayloadTooLarge,
     TerretError,
     Unauthenticated,
+    UpgradeRefused,
     as_error,
     error_body,
 )
@@ -128,6 +133,11 @@ def _invalid_fork_point(request: HttpRequest, exc: InvalidForkPoint) -> HttpResp
     return api.create_response(request, body, status=exc.status)
 
 
+@api.exception_handler(UpgradeRefused)
+def _upgrade_refused(request: HttpRequest, exc: UpgradeRefused) -> HttpResponse:
+    return api.create_response(request, {**error_body(exc), "reasons": exc.reasons}, status=exc.status)
+
+
 @api.exception_handler(ValidationError)
 def _invalid(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     return _render(request, InvalidInput(_validation_message(exc)))
@@ -181,6 +191,12 @@ def _user(request: HttpRequest) -> Any:
 def list_profiles(request: HttpRequest) -> Any:
     """The agent profiles the caller may start sessions with."""
     return profiles_out(actions.list_profiles(_user(request)))
+
+
+@api.get("/profiles/{name}/versions", response={200: ProfileVersionsOut, **_READ_ERRORS}, tags=["profiles"])
+def profile_versions(request: HttpRequest, name: str) -> Any:
+    """The profile's agent versions, newest first, with how many sessions run on each."""
+    return {"versions": [v.as_json() for v in actions.profile_versions(_user(request), name)]}
 
 
 @api.post(
@@ -334,6 +350,17 @@ def cancel(request: HttpRequest, session_id: str) -> Any:
 def retry(request: HttpRequest, session_id: str) -> Any:
     """Drive a blocked turn again now (409 not_blocked when it is not blocked)."""
     return Status(202, actions.retry(_user(request), session_id).as_json())
+
+
+@api.post(
+    "/sessions/{session_id}/upgrade",
+    response={200: VersionOut, **_WRITE_ERRORS, 409: UpgradeRefusedOut},
+    tags=["sessions"],
+)
+def upgrade(request: HttpRequest, session_id: str, payload: UpgradeIn) -> Any:
+    """Move the session to another version of its profile (owner or staff); 409 upgrade_refused with
+    `reasons` when it would strand an owed call or a pending approval, and then nothing changes."""
+    return actions.upgrade(_user(request), session_id, payload.to).as_json()
 
 
 @api.get("/sessions/{session_id}/effects", response={200: EffectsOut, **_READ_ERRORS}, tags=["effects"])

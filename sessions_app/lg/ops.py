@@ -308,7 +308,12 @@ def thread(session: Session, *, values: bool = True) -> dict[str, Any]:
         "created_at": session.created_at.isoformat(),
         "updated_at": (session.last_event_at or session.created_at).isoformat(),
         "state_updated_at": (session.last_event_at or session.created_at).isoformat(),
-        "metadata": {"graph_id": name, "assistant_id": mapping.assistant_id(name), "title": session.title},
+        "metadata": {
+            "graph_id": name,
+            "assistant_id": mapping.assistant_id(name),
+            "title": session.title,
+            "version": actions.session_version(session),
+        },
         "status": thread_status(session),
         "values": {"messages": tv.tracker.messages} if tv is not None else None,
         "interrupts": interrupts,
@@ -380,7 +385,7 @@ def assistant(profile: AgentProfile) -> dict[str, Any]:
         "config": {},
         "context": {},
         "metadata": {"terret_profile": profile.name},
-        "version": 1,
+        "version": actions.newest_version(profile),
         "created_at": at,
         "updated_at": at,
     }

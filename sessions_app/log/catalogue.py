@@ -72,6 +72,9 @@ def _obj(props: Json, required: list[str] | None = None) -> Json:
     return {"type": "object", "properties": props, "required": required or [], "additionalProperties": False}
 
 
+_VERSION = _obj({"number": _SEQ, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}, ["number", "digest"])
+
+
 _BUDGET_REASON = _obj(
     {
         "budget": {"enum": ["cost_usd", "tokens", "steps", "turns"]},
@@ -353,13 +356,19 @@ CATALOGUE: dict[str, Kind] = {
         # --- metadata -------------------------------------------------------
         Kind(
             "turn/start",
-            _obj({"by": _STR, "traceparent": _TRACEPARENT, "regenerate": {"type": "boolean"}}),
+            _obj({"by": _STR, "traceparent": _TRACEPARENT, "regenerate": {"type": "boolean"}, "version": _VERSION}),
             False,
             "A turn opens. At most one turn is open at a time. `traceparent` (W3C, written while tracing is on) "
             "names the turn's root span, so every drive of the turn, on any worker, joins one trace. "
             "`regenerate`: the turn takes in no input and asks the model again for the reply to the history "
-            "as it stands (a fork's regenerate).",
-            lambda d: [("open_turn_seq = NEW_SEQ", []), ("turns = turns + 1", []), *_TURN_FRESH],
+            "as it stands (a fork's regenerate). `version`: the agent version (number and digest) the turn "
+            "runs under to its end (absent: a session with no profile, or a turn from before versions).",
+            lambda d: [
+                ("open_turn_seq = NEW_SEQ", []),
+                ("turns = turns + 1", []),
+                *_TURN_FRESH,
+                *([("agent_version = %s", [d["version"]["number"]])] if "version" in d else []),
+            ],
             lambda d: [(_TURNS_DAY_UPSERT, [])],
         ),
         Kind(
@@ -586,6 +595,15 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "A schedule paused itself: its last runs made no progress (turns that ended empty, failed or rejected).",
+        ),
+        Kind(
+            "session/upgraded",
+            _obj({"from": {"type": ["integer", "null"]}, "to": _SEQ, "by": _NONEMPTY}, ["from", "to", "by"]),
+            False,
+            "The session moves from agent version `from` to `to`: at a turn's opening by the profile's "
+            'upgrade_policy (`by` "policy"), or by an owner or operator (`by` names them; an open turn, '
+            "parked or blocked, goes on under `to` after the pre-flight found nothing it would strand).",
+            lambda d: [("agent_version = %s", [d["to"]])],
         ),
         Kind(
             "session/suspended",

@@ -44,6 +44,7 @@ DRIVING_COLUMNS = (
     *(f"budget_{name}" for name in BUDGETS),
     "suspended_seq",
     "revoked_seq",
+    "agent_version",
 )
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table

@@ -50,6 +50,9 @@ GUARDS: dict[str, str] = {
     "untitled": "title = ''",
     # No open turn and nothing queued: a wake may open a turn with its own text only.
     "idle_empty_inbox": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq AND deferred_seq <= deferred_cursor",
+    # The same, on the given agent version (0: none yet): a turn opening on it moves the session nowhere.
+    "idle_empty_inbox_at": "open_turn_seq IS NULL AND last_input_seq <= inbox_seq AND deferred_seq <= deferred_cursor "
+    "AND COALESCE(agent_version, 0) = %s",
     # The policy in force is still the given policy/updated seq (0: none yet).
     "policy_at": "COALESCE(policy_seq, 0) = %s",
 }

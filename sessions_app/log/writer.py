@@ -185,6 +185,7 @@ LOCK_COLUMNS = (
     "lease_owner",
     "lease_gen",
     "lease_expires_at",
+    "agent_version",
     *WORKLOAD_COLUMNS,
 )
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from sessions_app import log
 from sessions_app.log.reads import Waiting, first_waiting, pending_deferred, pending_inputs
 from sessions_app.log.records import AppendedEvent, Fence, Intake, LoggedEvent
-from sessions_app.runtime import tracing
+from sessions_app.runtime import tracing, versions
 
 
 def intake_bound() -> Intake:
@@ -30,6 +30,8 @@ class Opened:
 
     seq: int
     steers_left: bool
+    # The agent version the turn runs under (None: the session has no profile).
+    version: int | None = None
 
 
 def open_turn(tx: log.SessionTx, text: str | None, by: str) -> int:
@@ -60,7 +62,7 @@ def open_taking(tx: log.SessionTx, text: str | None, by: str) -> Opened:
     stops short of opens on context alone; the follow-up still waits, owed
     its turn, and the next turn takes the next part, until one reaches it.
     """
-    start = tx.append("turn/start", tracing.turn_start({"by": by} if by else {}))
+    start, version = open_versioned(tx, tracing.turn_start({"by": by} if by else {}))
     steers, _, taken = _take(tx, through_follow_up=text is None)
     follow_up = next((e for e in taken if e.data.get("lane") == "follow_up"), None)
     opener = None if text is not None else (follow_up or _first_woken(taken))
@@ -72,7 +74,18 @@ def open_taking(tx: log.SessionTx, text: str | None, by: str) -> Opened:
     if text:
         tx.append("user/message", {"text": text})
     took = {item.seq for item in taken}
-    return Opened(start.seq, steers.more or any(item.seq not in took for item in steers.items))
+    return Opened(start.seq, steers.more or any(item.seq not in took for item in steers.items), version)
+
+
+def open_versioned(tx: log.SessionTx, data: dict[str, Any]) -> tuple[AppendedEvent, int | None]:
+    """turn/start with the agent version the turn opens on (runtime/versions.py),
+    after session/upgraded when the profile's upgrade_policy moves the session
+    now, at the turn boundary. The turn/start and its version number."""
+    opening = versions.opening(tx.row["profile_id"], tx.row["agent_version"])
+    for kind, entry in opening.entries():
+        tx.append(kind, entry)
+    start = tx.append("turn/start", opening.stamp(data))
+    return start, opening.version.number if opening.version is not None else None
 
 
 def takes_all(tx: log.SessionTx) -> bool:
@@ -136,11 +149,15 @@ def start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> list[Appen
     turn/start + user/message, so no transaction is held open around a
     separate read. Empty (nothing written) when the agent is not idle or
     input is queued; the caller then takes the locked path, which handles both."""
+    opening = versions.opening_for_session(session_id)
+    if opening is None or opening.entries():
+        return []  # an upgrade is due at this boundary (or no session): the locked path writes it
     items: list[tuple[str, dict[str, Any]]] = [
-        ("turn/start", tracing.turn_start({"by": by} if by else {})),
+        ("turn/start", opening.stamp(tracing.turn_start({"by": by} if by else {}))),
         ("user/message", {"text": text}),
     ]
-    return log.append_many(session_id, items, guard="idle_empty_inbox")
+    # The version read above is still the session's, or nothing is written.
+    return log.append_many(session_id, items, guard=("idle_empty_inbox_at", opening.previous or 0))
 
 
 def drain_inbox(session_id: uuid.UUID, fence: Fence) -> bool:

@@ -26,7 +26,7 @@ from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
 from sessions_app.log.reads import first_waiting, turn_events
 from sessions_app.log.records import Workload
-from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry
+from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry, versions
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outcomes import Outcome
@@ -171,7 +171,10 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
             # lease for that): the woken input queues behind it, and the
             # release's workload names the open turn, so the next round drives it.
             return Outcome.IDLE, None
-    runner = TurnRunner(sid, profile, lease)
+    # The turn runs under the version its turn/start names, whatever the
+    # profile's row says now: an edit reaches only the turns opened after it.
+    version = opened.version if opened is not None else lease.driving.version
+    runner = TurnRunner(sid, versions.profile_at(profile, version), lease)
     if opened is not None:
         runner.steers_left = opened.steers_left
     return runner.run(turn_seq), runner

@@ -79,6 +79,9 @@ class Driving:
     # An operator's hold on the session itself (session/suspended, session/revoked).
     suspended: bool = False
     revoked: bool = False
+    # The agent version the session runs under (its open turn's): the turn
+    # is driven with that version's profile (runtime/versions.py).
+    version: int | None = None
 
 
 def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
@@ -94,6 +97,7 @@ def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Drivi
         budgeted,
         suspended=row["suspended_seq"] is not None,
         revoked=row["revoked_seq"] is not None,
+        version=row["agent_version"],
     )
 
 

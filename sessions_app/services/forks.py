@@ -74,7 +74,7 @@ from sessions_app.log.projection import latest_compaction
 from sessions_app.log.reads import latest_seq_of
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_view
-from sessions_app.runtime import dispatch
+from sessions_app.runtime import admission, dispatch
 from sessions_app.services.inputs import Receipt, inject
 from sessions_app.tools.base import ToolContext, ToolError
 from sessions_app.tools.builtins import BUILTINS, CHARGES_FILE, workspace_dir
@@ -542,7 +542,7 @@ def wake_again(session_id: uuid.UUID, *, by: str) -> int:
         if by:
             data["by"] = by
         try:
-            start = tx.append("turn/start", data)
+            start, _ = admission.open_versioned(tx, data)
         except log.TurnAlreadyOpen as exc:  # the log's own refusal, behind the check above
             raise TurnAlreadyRunning(f"session {session_id} is mid-turn") from exc
         dispatch.wake(session_id)

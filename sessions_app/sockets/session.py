@@ -123,6 +123,7 @@ class SessionConsumer(Follower):
             "unknown_effects": state["unknown_effects"],
             "stalled_since": state["stalled_since"],
             "budget": state.get("budget"),
+            "version": state.get("version"),
             "can_drive": access["can_drive"],
             "can_approve": access["can_approve"],
             "max_frame_bytes": MAX_FRAME_BYTES,

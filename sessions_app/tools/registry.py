@@ -169,7 +169,8 @@ def _override(definitions: list[Definition], approvals: Mapping[str, str]) -> li
 
 # -- per-profile cache ------------------------------------------------------
 
-_cache: dict[Any, tuple[str, Registry]] = {}
+_cache: dict[Any, dict[str, Registry]] = {}
+REGISTRIES_PER_PROFILE = 4
 _cache_lock = threading.Lock()
 # One build at a time per profile, so concurrent first steps do not each
 # list the same MCP servers; different profiles build in parallel.
@@ -198,15 +199,21 @@ def registry_for_profile(profile: AgentProfile) -> Registry:
         if registry.degraded:
             return registry  # not cached: the next step tries the missing servers again
         with _cache_lock:
-            # One entry per profile: an edited profile replaces its old registry.
-            _cache[profile.pk] = (digest, registry)
+            # A few entries per profile: turns of an older agent version run
+            # beside the newest one's (runtime/versions.py) without rebuilding
+            # each other's registries; the oldest entry makes way.
+            entries = _cache.setdefault(profile.pk, {})
+            entries.pop(digest, None)
+            entries[digest] = registry
+            while len(entries) > REGISTRIES_PER_PROFILE:
+                entries.pop(next(iter(entries)))
         return registry
 
 
 def _cached(pk: Any, digest: str) -> Registry | None:
     with _cache_lock:
-        entry = _cache.get(pk)
-    return entry[1] if entry is not None and entry[0] == digest else None
+        entries = _cache.get(pk)
+        return entries.get(digest) if entries is not None else None
 
 
 def clear_cache() -> None:

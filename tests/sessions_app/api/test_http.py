@@ -37,8 +37,10 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/api/profiles",
+        "/api/profiles/{name}/versions",
         "/api/sessions",
         "/api/sessions/{session_id}",
+        "/api/sessions/{session_id}/upgrade",
         "/api/sessions/{session_id}/inputs",
         "/api/sessions/{session_id}/inputs/{seq}",
         "/api/sessions/{session_id}/inputs/{seq}/withdraw",

@@ -77,6 +77,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
         {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
+    "session/upgraded": [{"from": 1, "to": 2, "by": "policy"}, {"from": None, "to": 1, "by": "alice"}],
     "session/suspended": [{"by": "ops"}, {"by": "ops", "reason": "incident"}],
     "session/resumed": [{"by": "ops"}],
     "session/revoked": [{"by": "ops", "reason": "leaked key"}],
@@ -123,7 +124,11 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"role": "compactor", "spec": "x/y", "tokens": 8192, "source": "error"},
         {"role": "main", "spec": "x/y", "tokens": 4096, "source": "refusal"},
     ],
-    "turn/start": [{}, {"by": "alice"}],
+    "turn/start": [
+        {},
+        {"by": "alice"},
+        {"version": {"number": 2, "digest": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+    ],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [
         {"status": "failed", "error": "boom"},
@@ -244,7 +249,7 @@ INVALID: dict[str, list[Any]] = {
         {"spec": "x/y", "tokens": 8192, "source": "guess"},
         {"spec": "", "tokens": 8192, "source": "error"},
     ],
-    "turn/start": [{"by": 1}, {"who": "x"}],
+    "turn/start": [{"by": 1}, {"who": "x"}, {"version": {"number": 0, "digest": "x"}}, {"version": {"number": 1}}],
     "turn/end": [{}, {"status": "done"}, {"status": "completed", "error": None}],
     "turn/cancel_requested": [{"reason": 3}],
     "step/start": [{"step": 1}, {"step": 0, "model": "m"}, {"step": 1, "model": ""}, {"step": True, "model": "m"}],
@@ -287,6 +292,7 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "request_seq": 4, "deadline_s": 5, "on_expiry": "approve"},
         {"call_id": "c", "request_seq": 4, "deadline_s": 0, "on_expiry": "deny"},
     ],
+    "session/upgraded": [{"from": 1, "to": 2}, {"from": 1, "to": 0, "by": "p"}, {"from": "1", "to": 2, "by": "p"}],
     "session/suspended": [{}, {"by": ""}],
     "session/resumed": [{"reason": "x"}],
     "session/revoked": [{"by": 3}],

@@ -65,6 +65,8 @@ async def test_hello_then_replay_from_after_then_synced_then_live(world):
     assert hello["type"] == "hello" and hello["session"] == str(world["sid"])
     assert hello["last_seq"] == 5 and hello["after"] == 2
     assert hello["can_drive"] is True and hello["can_approve"] is False
+    # The agent version its first turn will open on (the demo profile's only one).
+    assert hello["version"]["number"] == 1 and hello["version"]["latest"] == 1
     assert [f["seq"] for f in events_of(frames)] == [3, 4, 5]
     event = events_of(frames)[0]
     assert set(event) == {"type", "seq", "kind", "data", "at"}
