@@ -44,3 +44,16 @@ def client_for(user: Any, **kwargs: Any) -> Client:
     c = Client(**kwargs)
     c.force_login(user)
     return c
+
+
+def edit_profile(profile: Any, **fields: Any) -> Any:
+    """Change a profile as the admin does (a save, so a new agent version is
+    recorded: runtime/versions.py); `.update()` records none, and a turn runs
+    under its version's snapshot, not the live row."""
+    from sessions_app.models import AgentProfile  # local: tests.helpers loads before Django's apps in some runs
+
+    row = AgentProfile.objects.get(pk=getattr(profile, "pk", profile))
+    for name, value in fields.items():
+        setattr(row, name, value)
+    row.save()
+    return row

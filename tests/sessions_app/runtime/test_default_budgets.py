@@ -15,7 +15,7 @@ from sessions_app import services
 from sessions_app.models import AgentProfile, Session
 from sessions_app.runtime.drive import drive
 from tests.fakes.fake_llm import Reply
-from tests.helpers import events
+from tests.helpers import edit_profile, events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +66,7 @@ def test_unpriced_spend_is_bounded_by_the_token_budget_beside_a_cost_budget(
 
 @pytest.mark.usefixtures("manual_worker")
 def test_a_cost_budget_alone_still_stops_unpriced_spend(fake_llm: Any, session: Session, profile: AgentProfile) -> None:
-    AgentProfile.objects.filter(id=profile.id).update(daily_tokens=None)
+    edit_profile(profile, daily_tokens=None)
     fake_llm.script(*noop_steps(1), Reply(text="never", usage=UNPRICED))
     services.run_turn(session.id, "two steps")
     assert drive(session.id) == "ended"

@@ -27,7 +27,7 @@ from sessions_app.runtime import effects
 from sessions_app.runtime.drive import drive
 from sessions_app.tools import builtins, registry
 from tests.fakes.fake_llm import Reply
-from tests.helpers import events
+from tests.helpers import edit_profile, events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -80,7 +80,7 @@ def test_a_built_in_the_code_lost_blocks_the_turn_before_its_step(
 def test_a_parked_call_to_a_built_in_the_code_lost_is_never_told_unknown_tool(
     fake_llm: Any, session: Session, profile: AgentProfile, monkeypatch: pytest.MonkeyPatch, make_reviewer: Any
 ) -> None:
-    AgentProfile.objects.filter(pk=profile.pk).update(approvals={"workspace.write": "always"})
+    edit_profile(profile, approvals={"workspace.write": "always"})
     fake_llm.script(Reply(tool_calls=[("workspace.write", {"path": "a.txt", "content": "x"})]), Reply(text="done"))
     services.run_turn(session.id, "write it")
     assert drive(session.id) == "parked"
@@ -157,10 +157,8 @@ def test_a_refused_request_whose_summarizer_is_gone_blocks_the_turn(
     refusing: Any, session: Session, profile: AgentProfile, settings: Any, change: dict[str, Any], what: str
 ) -> None:
     settings.TERRET_MODEL_COMPACTOR = ""
-    AgentProfile.objects.filter(pk=profile.pk).update(
-        roles={"main": "test/model", "compactor": "test/model"}, system_prompt="Remember. " * 2_500
-    )
-    AgentProfile.objects.filter(pk=profile.pk).update(**change)
+    edit_profile(profile, roles={"main": "test/model", "compactor": "test/model"}, system_prompt="Remember. " * 2_500)
+    edit_profile(profile, **change)
     services.run_turn(session.id, "hello")
     assert drive(session.id) == "blocked"
     blocked = blocked_turn(session)

@@ -27,10 +27,11 @@ from sessions_app.runtime import effects
 from sessions_app.runtime.drive import drive
 from sessions_app.services import effects as effect_services
 from sessions_app.services import operators
+from sessions_app.services import versions as version_services
 from sessions_app.tools import registry
 from tests.fakes.effects_mcp_server import executions, fx_server
 from tests.fakes.fake_llm import Reply
-from tests.helpers import events, wait_for
+from tests.helpers import edit_profile, events, wait_for
 from tests.sessions_app.apiutil import bearer, call, session_url, token_for
 from tests.sessions_app.tools.test_mcp_effects import crashed_in_flight
 
@@ -53,10 +54,15 @@ def profile(db: None, effects_log: Path) -> AgentProfile:
     )
 
 
-def serve(profile: AgentProfile, server: dict[str, Any]) -> None:
-    """Point the profile at another release of the server (a deploy of it)."""
-    AgentProfile.objects.filter(pk=profile.pk).update(mcp_servers=[server])
+def serve(profile: AgentProfile, server: dict[str, Any], session: Session | None = None) -> None:
+    """Point the profile at another release of the server (a deploy of it:
+    a new agent version). With `session`, whose turn is open, the session
+    is moved onto it too (an upgrade through the pre-flight), since a turn
+    otherwise runs to its end under the version it opened on."""
+    edit_profile(profile, mcp_servers=[server])
     registry.clear_cache()
+    if session is not None:
+        version_services.upgrade(session.id, None, by="operator")
 
 
 def blocked(session: Session) -> dict[str, Any]:
@@ -81,7 +87,7 @@ def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once
     (asked,) = wait_for(lambda: events(session, "approval/requested"), timeout=60, what="approval/requested")
     assert asked["name"] == "mcp.fx.mutate"
 
-    serve(profile, fx_server(effects_log, hide=("mutate",)))  # the new release lists no mutate
+    serve(profile, fx_server(effects_log, hide=("mutate",)), session)  # the new release lists no mutate
     approvals.decide(session.id, asked["call_id"], "approve", user=make_reviewer("rev"))
     wait_for(lambda: events(session, "turn/blocked"), timeout=60, what="turn/blocked")
     stop = blocked(session)
@@ -93,7 +99,7 @@ def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once
     assert shown["status"] == "blocked"
     assert (shown["blocked"]["code"], shown["blocked"]["what"]) == ("definition_missing", "tool:mcp.fx.mutate")
 
-    serve(profile, fx_server(effects_log))  # restored
+    serve(profile, fx_server(effects_log), session)  # restored
     assert call(client, "POST", session_url(session, "/retry"), **auth).status_code == 202
     wait_for(lambda: events(session, "turn/end"), timeout=60, what="turn/end")
     assert events(session, "turn/end") == [{"status": "completed"}]
@@ -113,7 +119,7 @@ def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once
 def test_an_attempt_in_flight_whose_tool_is_gone_stays_in_the_ledger_then_runs_once(
     fake_llm: Any, session: Session, profile: AgentProfile, effects_log: Path
 ) -> None:
-    AgentProfile.objects.filter(pk=profile.pk).update(approvals={"mcp.fx.upsert": "never"})
+    edit_profile(profile, approvals={"mcp.fx.upsert": "never"})
     serve(profile, fx_server(effects_log, hide=("upsert",)))
     call_id, key = crashed_in_flight(session, "upsert", "flight")
     assert drive(session.id) == "blocked"
@@ -125,7 +131,7 @@ def test_an_attempt_in_flight_whose_tool_is_gone_stays_in_the_ledger_then_runs_o
     assert effects.effects_audit(session.id).ok
     assert executions(effects_log) == [] and fake_llm.requests == []
 
-    serve(profile, fx_server(effects_log))
+    serve(profile, fx_server(effects_log), session)
     fake_llm.script(Reply(text="done"))
     services.retry(session.id, by="operator")
     assert drive(session.id) == "ended"
@@ -141,7 +147,7 @@ def test_an_attempt_in_flight_whose_tool_is_gone_stays_in_the_ledger_then_runs_o
 def test_a_server_that_fails_to_start_blocks_the_call_owed_to_it(
     fake_llm: Any, session: Session, profile: AgentProfile, effects_log: Path
 ) -> None:
-    AgentProfile.objects.filter(pk=profile.pk).update(approvals={"mcp.fx.upsert": "never"})
+    edit_profile(profile, approvals={"mcp.fx.upsert": "never"})
     serve(profile, fx_server(effects_log, fail_start=True))
     call_id, _ = crashed_in_flight(session, "upsert", "down")
     assert drive(session.id) == "blocked"
@@ -174,10 +180,10 @@ def test_an_abandon_moves_a_turn_blocked_on_a_missing_tool_on_and_marks_its_atte
 def test_an_operators_done_settles_an_unknown_attempt_whose_tool_is_gone_without_it(
     fake_llm: Any, session: Session, profile: AgentProfile, effects_log: Path
 ) -> None:
-    AgentProfile.objects.filter(pk=profile.pk).update(approvals={"mcp.fx.mutate": "never"})
+    edit_profile(profile, approvals={"mcp.fx.mutate": "never"})
     call_id, _ = crashed_in_flight(session, "mutate", "settled")
     assert drive(session.id) == "parked"  # a `never` tool in flight: marked unknown, for an operator
-    serve(profile, fx_server(effects_log, hide=("mutate",)))  # then the tool goes away
+    serve(profile, fx_server(effects_log, hide=("mutate",)), session)  # then the tool goes away
     effect_services.resolve(session.id, call_id, "done", result="it was done", by="operator")
     fake_llm.script(Reply(text="done"))
     assert drive(session.id) == "ended"

@@ -150,6 +150,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "on_expiry": "deny",  # used only with an approval deadline (none here)
         "system_prompt": "",
         "upgrade_policy": "next_turn",
+        # The page's inline (the profile's notification channels) sends its management form; none added here.
+        "notify_settings-TOTAL_FORMS": "0",
+        "notify_settings-INITIAL_FORMS": "0",
         "created_at": "2026-01-01 10:00:00",  # the form's own widget; the admin splits it in two
         "created_at_0": "2026-01-01",
         "created_at_1": "10:00:00",
