@@ -59,6 +59,8 @@ def test_queue_updates_live_for_every_reviewer(
     expect(b.locator('#approval-queue li[data-call-id="c2"]')).to_have_count(1)
     assert [c.call_id for c in pending(session.id)] == ["c2"]
     verdict = Event.objects.get(session=session, kind="approval/resolved").data
+    grounds = verdict.pop("grounds")  # what rita's authority rested on (test_authority.py checks it)
+    assert grounds["as"] == "reviewers" and grounds["group"] == "reviewers"
     assert verdict == {"call_id": "c1", "verdict": "deny", "reason": "not in this sprint", "by": "rita"}
     for page in (a, b):
         assert page.evaluate("window.__sameDocument") is True
