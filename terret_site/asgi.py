@@ -34,7 +34,11 @@ if settings.TERRET_WORKER == "inprocess":
     inprocess.start_sweeper()
     # Due schedules are this process's to fire too (runtime/schedules.py).
     schedules.start_clock(lambda: settings.TERRET_WORKER == "inprocess")
-    # And the notifications' sender (sessions_app/notify/delivery.py).
+    # And the notifications' sender (sessions_app/notify/delivery.py). Not
+    # under the tests: a sender thread started by any test's import of this
+    # module would send, back-fill and hold SQLite's write lock in every later
+    # test of the process; the sender's tests run it themselves.
     from sessions_app.notify import delivery
 
-    delivery.start_sender(lambda: settings.TERRET_WORKER == "inprocess")
+    if not settings.TESTING:
+        delivery.start_sender(lambda: settings.TERRET_WORKER == "inprocess")
