@@ -508,10 +508,14 @@ def _replay_problems(call_id: str, before: Attempt, after: Attempt) -> list[str]
 def due_for_audit(limit: int) -> list[tuple[uuid.UUID, int]]:
     """(session id, log head) of at most `limit` sessions active within
     TERRET_EFFECTS_AUDIT_HOURS whose log moved on since their last audit
-    (or that have none), the longest waiting first."""
+    (or that have none), the longest waiting first. Only sessions with no
+    open turn: a running turn's ledger is still moving (its audit would be
+    redone at every step, by every worker's sweep), and it is audited once
+    its turn has ended."""
     since = timezone.now() - timedelta(hours=settings.TERRET_EFFECTS_AUDIT_HOURS)
     moved = Q(effect_audit__isnull=True) | Q(last_seq__gt=F("effect_audit__audited_seq"))
-    rows = Session.objects.filter(moved, last_event_at__gte=since).order_by("last_event_at")
+    rows = Session.objects.filter(moved, last_event_at__gte=since, open_turn_seq__isnull=True)
+    rows = rows.order_by("last_event_at")
     return list(rows.values_list("id", "last_seq")[:limit])
 
 

@@ -134,6 +134,12 @@ def test_the_sweep_audits_recently_active_sessions_and_keeps_what_it_found(
     services.run_turn(quiet.id, "long ago")
     Session.objects.filter(id=quiet.id).update(last_event_at=timezone.now() - timedelta(days=2))
 
+    # A running turn's ledger is still moving: audited once its turn ends, not at every step.
+    sweep_round(at_start=False, wake=wake_nobody)
+    assert not EffectAudit.objects.exists()
+    for s in (bad, good):
+        log.append(s.id, "turn/end", {"status": "completed"})
+
     sweep_round(at_start=False, wake=wake_nobody)
     audits = {a.session_id: a for a in EffectAudit.objects.all()}
     assert set(audits) == {bad.id, good.id}, "recently active sessions only, at most the batch"
@@ -154,7 +160,7 @@ def test_the_sweep_audits_recently_active_sessions_and_keeps_what_it_found(
     sweep_round(at_start=False, wake=wake_nobody)
     assert value(scrape(staff_client), "terret_effects_audits_total") == 2.0
     # The good session moves on: audited again, and only it.
-    log.append(good.id, "turn/end", {"status": "completed"})
+    log.append(good.id, "session/titled", {"title": "moved on"})
     sweep_round(at_start=False, wake=wake_nobody)
     assert value(scrape(staff_client), "terret_effects_audits_total") == 3.0
     assert EffectAudit.objects.get(session_id=good.id).audited_seq == Session.objects.get(id=good.id).last_seq
