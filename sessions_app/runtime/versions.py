@@ -23,6 +23,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import jsonschema_rs
@@ -62,6 +63,10 @@ def snapshot_of(profile: Any) -> dict[str, Any]:
         if f.attname in BOOKKEEPING:
             continue
         value = getattr(profile, f.attname)
+        if isinstance(value, Decimal) and getattr(f, "decimal_places", None) is not None:
+            # The column's places: a value set in memory (Decimal("50")) and the
+            # same value read back (Decimal("50.000000")) are one definition.
+            value = value.quantize(Decimal(1).scaleb(-f.decimal_places))
         fields[f.attname] = value if isinstance(value, str | int | float | bool | list | dict | None) else str(value)
     return {"profile": fields, "tools": [_tool(name, profile.approvals or {}) for name in profile.builtin_tools or []]}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -61,6 +62,16 @@ def test_a_save_records_a_version_only_when_the_definition_changes(profile: Agen
     profile.approvals = {"workspace.write": "never"}  # a tool's approval mode is part of the definition
     profile.save()
     assert numbers(profile) == [1, 2, 3]
+
+    # A decimal set in memory and the same value read back are one definition.
+    profile.daily_cost_usd = Decimal("7")
+    profile.save()
+    assert numbers(profile) == [1, 2, 3, 4]
+    newest = AgentVersion.objects.get(profile=profile, number=4)
+    assert newest.digest == versions.digest_of(versions.snapshot_of(profile))
+    assert newest.digest == versions.digest_of(versions.snapshot_of(AgentProfile.objects.get(pk=profile.pk)))
+    AgentProfile.objects.get(pk=profile.pk).save()
+    assert numbers(profile) == [1, 2, 3, 4]
 
 
 def test_the_digest_is_stable_and_canonical() -> None:
