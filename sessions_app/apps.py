@@ -13,10 +13,11 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
-        from sessions_app.runtime import hooks, versions
+        from sessions_app.runtime import codever, hooks, versions
         from sessions_app.services import compaction, schedules
         from sessions_app.services.post_turn import post_turn
 
+        codever.apply_test_versions()  # a test playing another release (TESTING only)
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()

@@ -264,6 +264,11 @@ class Session(models.Model):
     # its last turn's or an upgrade's); written by turn/start and
     # session/upgraded. None: no turn has opened since versions exist.
     agent_version = models.IntegerField(null=True, blank=True)
+    # The newest schema version written per event kind, for kinds written
+    # above version 1 only ({kind: version}; NULL: every event is version 1).
+    # The append of such an event keeps it (log/backends); a claim reads it
+    # so a worker never drives a log it cannot read (runtime/codever.py).
+    event_versions = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -342,6 +347,9 @@ class Event(models.Model):
     kind = models.CharField(max_length=64)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
+    # The schema version of its kind it was written with (catalogue.Kind.version).
+    # The database's default: an append of a version-1 event never names it.
+    version = models.PositiveSmallIntegerField(default=1, db_default=1)
 
     objects = EventQuerySet.as_manager()
 
@@ -388,6 +396,10 @@ class WorkerProcess(models.Model):
     host = models.CharField(max_length=200)
     pid = models.IntegerField()
     started_at = models.DateTimeField(default=timezone.now)
+    # The code it runs (package version + git commit) and the event
+    # versions that code reads ({kind: version}): runtime/codever.py.
+    build = models.CharField(max_length=200, blank=True, default="")
+    event_versions = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid} ({self.key})"

@@ -49,7 +49,14 @@ def drive_session(session_id: str, sent_at: float | None = None) -> str:
         connection.close()  # hand the pooled connection back between tasks
     if outcome is Outcome.HANDED_OFF:
         send_drive(session_id)  # this process is draining: a worker that stays takes the session
+    elif outcome is Outcome.LEFT:
+        # Its log is newer than this code reads: for a worker that reads it
+        # (runtime/codever.py). Not at once, so older workers pass it along slowly.
+        send_drive(session_id, countdown=LEFT_RESEND_SECONDS)
     return str(outcome)
+
+
+LEFT_RESEND_SECONDS = 0.5
 
 
 @shared_task(name=SWEEP_TASK, ignore_result=True)

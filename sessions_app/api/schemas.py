@@ -431,7 +431,7 @@ class ResolveOut(Schema):
 class AttentionItemOut(Schema):
     kind: str = Field(
         description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, "
-        "effects_audit, stalled"
+        "effects_audit, stalled, notification, stranded"
     )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
@@ -445,7 +445,9 @@ class AttentionOut(Schema):
         description="by kind (blocked, suspended, revoked, held_input, approvals oldest first, expired_leases, "
         "unknown_effects: every turn's unresolved attempts, open or ended, detail {pending, open_turn, calls}, "
         "effects_audit: what the sweep's effect audit found, detail {problems, found, audited_seq}, "
-        "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress), "
+        "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress, "
+        "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
+        "pinned_version, what, reason}), "
         "each at most 200"
     )
     counts: dict[str, int]

@@ -130,6 +130,10 @@ class Kind:
     # Extra writes in the append's own statement/transaction (see log/backends):
     # each SQL reads the appended row's session as `s` (s.profile_id, s.day).
     extra: Callable[[Json], list[Assignment]] | None = None
+    # The payload's schema version: a change to `schema` that an older
+    # payload no longer meets bumps it, with an upcaster per step
+    # (log/upcasters.py). Events store the version they were written with.
+    version: int = 1
     validator: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -421,7 +425,9 @@ CATALOGUE: dict[str, Kind] = {
                 {
                     "reason": _STR,
                     "attempts": {"type": "integer", "minimum": 0},
-                    "code": {"enum": ["retries_exhausted", "context_overflow", "definition_missing"]},
+                    "code": {
+                        "enum": ["retries_exhausted", "context_overflow", "definition_missing", "unsupported_version"]
+                    },
                     "what": {"type": "string", "maxLength": 200},
                 },
                 ["reason", "attempts"],
@@ -431,7 +437,8 @@ CATALOGUE: dict[str, Kind] = {
             "TERRET_RESUME_ATTEMPTS times), context_overflow (compaction could not bring its request under "
             "the model's context window) or definition_missing (something the turn needs is gone from the "
             "running code or its definition; `what` names it: tool:<name>, mcp_server:<name>, "
-            "summarizer:<name> or role:<role>). New input, a verdict, a cancel or a retry "
+            "summarizer:<name> or role:<role>), or unsupported_version (the log holds an event version no "
+            "live worker reads; `what` is event:<kind>@<version>). New input, a verdict, a cancel or a retry "
             "(turn/retry_requested) picks it up again.",
             lambda d: [("blocked_seq = NEW_SEQ", [])],
         ),
@@ -951,6 +958,24 @@ CATALOGUE: dict[str, Kind] = {
 }
 
 MODEL_VISIBLE: frozenset[str] = frozenset(k.name for k in CATALOGUE.values() if k.model_visible)
+
+
+def versions() -> dict[str, int]:
+    """The event versions this code reads and writes: {kind: version}."""
+    return {name: spec.version for name, spec in CATALOGUE.items()}
+
+
+def unreadable(written: dict[str, int] | None, reads: dict[str, int] | None = None) -> str | None:
+    """The first of a log's newest versions ({kind: version} above 1, as
+    Session.event_versions keeps them) that code reading `reads` (default:
+    this code's) cannot read, as "event:<kind>@<version>"; None if it reads all."""
+    if not written:
+        return None
+    reads = versions() if reads is None else reads
+    for kind, version in sorted(written.items()):
+        if int(version) > reads.get(kind, 0):
+            return f"event:{kind}@{version}"
+    return None
 
 
 def validate(kind: str, data: object) -> Kind:

@@ -34,6 +34,7 @@ from sessions_app.log.reads import TURN_VIEW_KINDS, ViewRow, turn_view_filter
 from sessions_app.log.records import WORKLOAD_COLUMNS, Workload
 from sessions_app.log.runs import EVENT_TABLE, RELEASE_SET, SESSION_TABLE
 from sessions_app.log.sql import Sql
+from sessions_app.log.upcasters import CannotLift, lift
 from sessions_app.models import Agent, AgentProfile, Session
 
 DRIVING_COLUMNS = (
@@ -45,6 +46,7 @@ DRIVING_COLUMNS = (
     "suspended_seq",
     "revoked_seq",
     "agent_version",
+    "event_versions",
 )
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table
@@ -60,8 +62,8 @@ _PROFILE_SELECT = ", ".join(f'p.{f.column} AS "p_{f.column}"' for f in _PROFILE_
 # lock, so the rest is there too).
 _VIEW_START = "LEAST(COALESCE(c.compacted_seq, 0), c.open_turn_seq)"  # as reads.turn_view
 _VIEW = (
-    "CASE WHEN c.open_turn_seq IS NULL THEN NULL ELSE (SELECT json_agg(json_build_array(e.seq, e.kind, e.data) "
-    f"ORDER BY e.seq) FROM {EVENT_TABLE} e "
+    "CASE WHEN c.open_turn_seq IS NULL THEN NULL ELSE "
+    f"(SELECT json_agg(json_build_array(e.seq, e.kind, e.data, e.version) ORDER BY e.seq) FROM {EVENT_TABLE} e "
     f"WHERE {turn_view_filter('c.id', _VIEW_START, 'c.open_turn_seq', alias='e')}) END AS view"
 )
 
@@ -162,7 +164,10 @@ def claim(
 def _claimed_view(rows: list[list[Any]] | None, last_seq: int) -> list[ViewRow] | None:
     if not rows or int(rows[-1][0]) != last_seq:
         return None
-    return [(int(seq), kind, data) for seq, kind, data in rows]
+    try:
+        return [(int(seq), kind, lift(kind, version, data)) for seq, kind, data, version in rows]
+    except CannotLift:
+        return None  # a log newer than this code reads: the drive leaves it unread (runtime/codever.py)
 
 
 def _profile(row: dict[str, Any]) -> AgentProfile | None:

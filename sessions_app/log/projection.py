@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from sessions_app.log.catalogue import MODEL_VISIBLE
+from sessions_app.log.upcasters import lift
 from sessions_app.models import Event
 
 SUMMARY_PREFIX = "Summary of the conversation so far:\n"
@@ -21,8 +22,8 @@ def latest_compaction(session_id: uuid.UUID | str, until_seq: int | None = None)
     if until_seq is not None:
         # "As of until_seq": a compaction appended later does not apply yet.
         qs = qs.filter(seq__lte=until_seq)
-    row = qs.order_by("-seq").values_list("seq", "data").first()
-    return (row[0], row[1]) if row else None
+    row = qs.order_by("-seq").values_list("seq", "data", "version").first()
+    return (row[0], lift("session/compacted", row[2], row[1])) if row else None
 
 
 def render(kind: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -61,9 +62,9 @@ def derive_messages(session_id: uuid.UUID | str, *, until_seq: int | None = None
         Event.objects.filter(session_id=session_id, seq__gt=after, kind__in=MODEL_VISIBLE)
         .exclude(kind="session/compacted")
         .order_by("seq")
-        .values_list("kind", "data")
+        .values_list("kind", "data", "version")
     )
     if until_seq is not None:
         rows = rows.filter(seq__lte=until_seq)
-    messages.extend(render(kind, data) for kind, data in rows)
+    messages.extend(render(kind, lift(kind, version, data)) for kind, data, version in rows)
     return messages

@@ -19,10 +19,21 @@ from sessions_app.log import backends
 from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
 from sessions_app.log.records import Intake, LoggedEvent
 from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE
+from sessions_app.log.upcasters import lift
 from sessions_app.models import Agent, Event, Session
 
 EVENT_PAGE_MAX = 1000
 ViewRow = tuple[int, str, dict[str, Any]]
+# An event row as the domain reads select it: the version goes with the
+# payload so lift() brings an older payload to the catalogue's version.
+EVENT_ROW = ("seq", "kind", "data", "version")
+
+
+def logged(seq: int, kind: str, data: Any, version: int) -> LoggedEvent:
+    """A selected row (EVENT_ROW) as a LoggedEvent, its payload lifted to the catalogue's version."""
+    return LoggedEvent(seq, kind, lift(kind, version, data))
+
+
 PAGE = 1000
 EventFrame = tuple[int, str]  # (seq, socket frame text)
 
@@ -87,12 +98,8 @@ def stalled_since(session: Session) -> datetime | None:
 
 def turn_events(session_id: uuid.UUID | str, turn_seq: int) -> list[LoggedEvent]:
     """The open turn: its turn/start and everything after it."""
-    rows = (
-        Event.objects.filter(session_id=session_id, seq__gte=turn_seq)
-        .order_by("seq")
-        .values_list("seq", "kind", "data")
-    )
-    return [LoggedEvent(s, k, d) for s, k, d in rows]
+    rows = Event.objects.filter(session_id=session_id, seq__gte=turn_seq).order_by("seq").values_list(*EVENT_ROW)
+    return [logged(*r) for r in rows]
 
 
 TURN_VIEW_KINDS = sorted(MODEL_VISIBLE)
@@ -115,11 +122,16 @@ def turn_view(session_id: uuid.UUID, start: int, turn_seq: int) -> list[ViewRow]
     events before it are read too (and the compaction replaces the model's
     view there). A fixed statement of the backend's: it runs once per drive,
     on the hottest path there is."""
-    sql = f"SELECT seq, kind, data FROM {EVENT_TABLE} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
+    sql = f"SELECT seq, kind, data, version FROM {EVENT_TABLE} WHERE {turn_view_filter('%s', '%s', '%s')} ORDER BY seq"
     rows = backends.current().fetch(sql, [session_id, min(start, turn_seq), turn_seq, *TURN_VIEW_KINDS])
     # SQLite keeps the payload as text; psycopg decodes jsonb itself.
     return [
-        (int(r["seq"]), r["kind"], json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]) for r in rows
+        (
+            int(r["seq"]),
+            r["kind"],
+            lift(r["kind"], r["version"], json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]),
+        )
+        for r in rows
     ]
 
 
@@ -133,12 +145,8 @@ def policy_row(session_id: uuid.UUID) -> tuple[int | None, Any] | None:
 
 def events_since(session_id: uuid.UUID | str, seen: int, limit: int = 1000) -> list[LoggedEvent]:
     """What was committed after `seen` (a driver catching up between steps)."""
-    rows = (
-        Event.objects.filter(session_id=session_id, seq__gt=seen)
-        .order_by("seq")
-        .values_list("seq", "kind", "data")[:limit]
-    )
-    return [LoggedEvent(s, k, d) for s, k, d in rows]
+    rows = Event.objects.filter(session_id=session_id, seq__gt=seen).order_by("seq").values_list(*EVENT_ROW)[:limit]
+    return [logged(*r) for r in rows]
 
 
 def pending_inputs(session_id: uuid.UUID | str, inbox_seq: int, bound: Intake) -> Waiting:
@@ -215,8 +223,8 @@ def _waiting(
             break
     if not taken:
         return Waiting([], more)
-    rows = Event.objects.filter(session_id=session_id, seq__in=taken).order_by("seq").values_list("seq", "kind", "data")
-    return Waiting([LoggedEvent(s, k, d) for s, k, d in rows], more)
+    rows = Event.objects.filter(session_id=session_id, seq__in=taken).order_by("seq").values_list(*EVENT_ROW)
+    return Waiting([logged(*r) for r in rows], more)
 
 
 def first_waiting(
@@ -252,10 +260,10 @@ def input_fate(session_id: uuid.UUID | str, seq: int) -> tuple[LoggedEvent | Non
             data__source_seq=seq,
         )
         .order_by("seq")
-        .values_list("seq", "kind", "data")
+        .values_list(*EVENT_ROW)
         .first()
     )
-    placed = LoggedEvent(*took) if took else None
+    placed = logged(*took) if took else None
     if placed is None or placed.kind == "input/withdrawn":
         return placed, None
     return placed, _end_after(session_id, placed.seq)
@@ -265,15 +273,15 @@ def _end_after(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
     row = (
         Event.objects.filter(session_id=session_id, kind="turn/end", seq__gt=seq)
         .order_by("seq")
-        .values_list("seq", "kind", "data")
+        .values_list(*EVENT_ROW)
         .first()
     )
-    return LoggedEvent(*row) if row else None
+    return logged(*row) if row else None
 
 
 def event_at(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
-    row = Event.objects.filter(session_id=session_id, seq=seq).values_list("seq", "kind", "data").first()
-    return LoggedEvent(*row) if row else None
+    row = Event.objects.filter(session_id=session_id, seq=seq).values_list(*EVENT_ROW).first()
+    return logged(*row) if row else None
 
 
 def latest_seq_of(session_id: uuid.UUID | str, kind: str, *, at_or_before: int) -> int | None:
@@ -297,13 +305,8 @@ def answered_by(session_id: uuid.UUID | str, seq: int) -> LoggedEvent | None:
 
 
 def latest_of_kind(session_id: uuid.UUID | str, kind: str) -> LoggedEvent | None:
-    row = (
-        Event.objects.filter(session_id=session_id, kind=kind)
-        .order_by("-seq")
-        .values_list("seq", "kind", "data")
-        .first()
-    )
-    return LoggedEvent(*row) if row else None
+    row = Event.objects.filter(session_id=session_id, kind=kind).order_by("-seq").values_list(*EVENT_ROW).first()
+    return logged(*row) if row else None
 
 
 def model_overrides(session_id: uuid.UUID | str) -> dict[str, str]:

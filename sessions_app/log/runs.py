@@ -116,10 +116,15 @@ class Run:
     projections: list[Sql] = field(default_factory=list)
     extras: list[catalogue.Assignment] = field(default_factory=list)
 
-    def set_sql(self) -> Sql:
-        """The UPDATE's SET list: seq, projections, and the lease's expiry."""
+    def set_sql(self, versions_set: str = "") -> Sql:
+        """The UPDATE's SET list: seq, projections, the newest event versions
+        (the backend's `versions_set`, only for events above version 1) and
+        the lease's expiry."""
         parts = [Sql(f"last_seq = last_seq + {len(self.items)}"), Sql("last_event_at = %s", self.now)]
         parts += self.projections
+        versions = self.versions
+        if versions:
+            parts.append(Sql(versions_set, json.dumps(versions, separators=(",", ":"))))
         if self.release:
             parts.append(Sql(RELEASE_SET, None))
         elif self.fence is not None:
@@ -136,6 +141,11 @@ class Run:
         if self.opens_turn and (guard is None or NO_OPEN_TURN not in guard.text):
             where.add(f" AND {NO_OPEN_TURN}")
         return where
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """{kind: version} of the run's events written above version 1 (almost always none)."""
+        return {e.kind: e.spec.version for e in self.items if e.spec.version > 1}
 
     @property
     def opens_turn(self) -> bool:

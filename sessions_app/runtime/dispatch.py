@@ -47,11 +47,11 @@ logger = logging.getLogger(__name__)
 RESEND_SECONDS = 1.0
 
 
-def send_drive(session_id: str) -> None:
-    """Send a drive task; never raises (see the module docstring)."""
+def send_drive(session_id: str, *, countdown: float | None = None) -> None:
+    """Send a drive task (due `countdown` seconds from now); never raises (see the module docstring)."""
     try:
         # The send time rides along, so the worker can count the queue wait.
-        current_app.send_task(DRIVE_TASK, args=[session_id, time.time()])
+        current_app.send_task(DRIVE_TASK, args=[session_id, time.time()], countdown=countdown)
     except Exception as exc:
         logger.warning("wake-up for %s not sent (%s); retrying in the background", session_id, exc)
         _resend.add(session_id)

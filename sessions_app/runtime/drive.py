@@ -26,7 +26,7 @@ from sessions_app import log
 from sessions_app.errors import LeaseLost, NoProfile
 from sessions_app.log.reads import first_waiting, turn_events
 from sessions_app.log.records import Workload
-from sessions_app.runtime import admission, failures, hooks, lifecycle, limits, registry, versions
+from sessions_app.runtime import admission, codever, failures, hooks, lifecycle, limits, registry, versions
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outcomes import Outcome
@@ -121,9 +121,25 @@ _FINAL = (
     Outcome.RESUME_FAILED,
     Outcome.BLOCKED,
     Outcome.HANDED_OFF,
+    Outcome.LEFT,
     Outcome.WAITING,
     Outcome.SUSPENDED,
 )
+
+
+def _unreadable(sid: uuid.UUID, lease: leases.Lease, what: str) -> Outcome:
+    """The log holds an event version this code does not read (`what`):
+    drive nothing (the caller releases the lease). A live worker that reads
+    it gets the session (LEFT: the task wakes one again); with none,
+    an open turn is blocked unsupported_version and waits whole for one, and
+    queued input waits as it is (runtime/codever.py)."""
+    if codever.capable_worker(lease.driving.event_versions):
+        logger.info("session %s holds %s, newer than this worker reads: left to one that does", sid, what)
+        return Outcome.LEFT
+    logger.warning("session %s holds %s and no live worker reads it: blocked", sid, what)
+    if lease.workload.open_turn_seq is not None:
+        codever.block(sid, lease.fence, what)
+    return Outcome.BLOCKED
 
 
 def has_work(session_id: uuid.UUID, workload: Workload) -> bool:
@@ -138,6 +154,8 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
     workload = lease.workload
     if workload.open_turn_seq is not None and workload.blocked_seq is not None:
         return Outcome.BLOCKED, None  # a stray wake-up: a blocked turn waits for a stimulus
+    if lease.driving.event_versions and (what := codever.unreadable(lease.driving.event_versions)):
+        return _unreadable(sid, lease, what), None
     if workload.open_turn_seq is None and not workload.input_pending:
         return Outcome.IDLE, None
     if lease.driving.profile is None:

@@ -37,6 +37,8 @@ MAX_ERROR_CHARS = 600
 RETRIES_EXHAUSTED = "retries_exhausted"
 CONTEXT_OVERFLOW = "context_overflow"
 DEFINITION_MISSING = "definition_missing"
+# The log holds an event version no live worker reads (runtime/codever.py).
+UNSUPPORTED_VERSION = "unsupported_version"
 
 
 @dataclass(frozen=True)

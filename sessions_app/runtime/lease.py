@@ -82,6 +82,9 @@ class Driving:
     # The agent version the session runs under (its open turn's): the turn
     # is driven with that version's profile (runtime/versions.py).
     version: int | None = None
+    # The newest event versions in its log above 1 (Session.event_versions):
+    # runtime/codever.py decides whether this code can read them.
+    event_versions: Any = None
 
 
 def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
@@ -98,6 +101,7 @@ def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Drivi
         suspended=row["suspended_seq"] is not None,
         revoked=row["revoked_seq"] is not None,
         version=row["agent_version"],
+        event_versions=row.get("event_versions"),
     )
 
 

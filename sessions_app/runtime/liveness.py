@@ -52,7 +52,7 @@ from django.conf import settings
 from django.db import connection
 
 from sessions_app.models import Session, WorkerProcess
-from sessions_app.runtime import lease, lifecycle
+from sessions_app.runtime import codever, lease, lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ _UNLOCK = "SELECT pg_advisory_unlock(%s::int4, %s::int4)"
 # A row under our key is ours unless another process (now dead: we hold the
 # lock) left it; then we give the key up and let the poller reap that row.
 _REGISTER = (
-    f"INSERT INTO {_WORKERS} AS w (key, host, pid, started_at) VALUES (%s, %s, %s, now()) "
+    f"INSERT INTO {_WORKERS} AS w (key, host, pid, started_at, build, event_versions) "
+    "VALUES (%s, %s, %s, now(), %s, %s::jsonb) "
     "ON CONFLICT (key) DO UPDATE SET started_at = w.started_at WHERE w.host = EXCLUDED.host AND w.pid = EXCLUDED.pid "
     "RETURNING w.id"
 )
@@ -144,7 +145,8 @@ class _Liveness:
             key = self.wanted if attempt == 0 and self.wanted is not None else rng.randint(1, MAX_KEY)
             if not _one(conn, _TAKE, [NS, key]):
                 continue  # another live process holds it
-            if conn.execute(_REGISTER, [key, socket.gethostname(), os.getpid()]).fetchone() is not None:
+            row = [key, socket.gethostname(), os.getpid(), *codever.registration()]
+            if conn.execute(_REGISTER, row).fetchone() is not None:
                 return key
             conn.execute(_UNLOCK, [NS, key])
         raise RuntimeError(f"no free liveness key after {KEY_ATTEMPTS} attempts")

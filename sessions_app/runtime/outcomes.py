@@ -16,3 +16,4 @@ class Outcome(StrEnum):
     HANDED_OFF = "handed_off"  # the process is draining; another worker was woken for the session
     WAITING = "waiting"  # no agent slot is free; the session waits for one (agent/waiting)
     SUSPENDED = "suspended"  # an operator suspended admission; the turn parked at a step boundary
+    LEFT = "left"  # its log holds an event version newer than this code reads; a live worker that reads it is woken

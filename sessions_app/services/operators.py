@@ -26,12 +26,22 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
 from sessions_app.log.reads import stalled_since, turn_events
-from sessions_app.models import AgentProfile, EffectAudit, Event, Notification, OperatorAction, Session, Suspension
+from sessions_app.models import (
+    AgentProfile,
+    AgentVersion,
+    EffectAudit,
+    Event,
+    Notification,
+    OperatorAction,
+    Session,
+    Suspension,
+)
 from sessions_app.runtime import dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
 from sessions_app.services import inputs, schedules
+from sessions_app.tools.builtins import BUILTINS
 
 SCOPES = ("global", "profile", "session")
 MAX_REASON_CHARS = 500
@@ -287,7 +297,64 @@ def attention() -> dict[str, list[Item]]:
         _stalled_item(s) for s in sessions.filter(STALL_STANDS).order_by("last_event_at")[:ATTENTION_LIMIT]
     ]
     out["notifications"] = _notifications()
+    out["stranded"] = _stranded()
     return out
+
+
+# turn/blocked codes that only an upgrade, the code's return or an abandon moves on.
+STRANDED_CODES = ("definition_missing", "unsupported_version")
+
+
+def _stranded() -> list[Item]:
+    """Sessions a deploy left behind: blocked definition_missing or
+    unsupported_version, and sessions pinned to a version naming built-in
+    tools the running code no longer has. Their actions: upgrade (through
+    the pre-flight) and abandon."""
+    blocked = (
+        Event.objects.filter(
+            kind="turn/blocked",
+            seq=F("session__blocked_seq"),
+            session__open_turn_seq__isnull=False,
+            data__code__in=STRANDED_CODES,
+        )
+        .select_related("session")
+        .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    items = [
+        Item(
+            "stranded",
+            str(e.session_id),
+            e.session.title or str(e.session_id),
+            e.created_at,
+            {"code": e.data["code"], "what": e.data.get("what", ""), "reason": e.data.get("reason", "")},
+        )
+        for e in blocked
+    ]
+    seen = {item.session_id for item in items}
+    return items + [i for i in _pinned_without_tools() if i.session_id not in seen][: ATTENTION_LIMIT - len(items)]
+
+
+def _pinned_without_tools() -> list[Item]:
+    """Pinned sessions whose version names built-in tools this code lacks
+    (one read of the versions the pinned sessions run, which are few)."""
+    pinned = Session.objects.filter(profile__upgrade_policy="pinned", agent_version__isnull=False)
+    runs = set(pinned.values_list("profile_id", "agent_version").distinct()[:ATTENTION_LIMIT])
+    lacking: dict[tuple[int, int], list[str]] = {}
+    for version in AgentVersion.objects.filter(profile_id__in={p for p, _ in runs}):
+        if (version.profile_id, version.number) not in runs:
+            continue
+        gone = [t["name"] for t in version.snapshot.get("tools", []) if t.get("name") not in BUILTINS]
+        if gone:
+            lacking[(version.profile_id, version.number)] = gone
+    items: list[Item] = []
+    for (profile_id, number), gone in lacking.items():
+        for s in pinned.filter(profile_id=profile_id, agent_version=number).order_by("last_event_at")[:ATTENTION_LIMIT]:
+            what = f"tool:{gone[0]}"
+            reason = f"pinned to version {number}, whose built-in tools {', '.join(gone)} the running code lacks"
+            items.append(Item("stranded", str(s.id), s.title or str(s.id), s.last_event_at, {
+                "code": "pinned_version", "what": what, "reason": reason, "version": number,
+            }))  # fmt: skip
+    return items[:ATTENTION_LIMIT]
 
 
 def _stalled_item(session: Session) -> Item:

@@ -47,6 +47,12 @@ SECTIONS = [
     ),
     ("stalled", "Stalled", "Running turns with no progress (no event, no streamed text) for a while."),
     ("notifications", "Notifications not sent", "Attempts ran out, or a send of unknown outcome."),
+    (
+        "stranded",
+        "Stranded by a deploy",
+        "Blocked on a missing definition or an event version no live worker reads, or pinned to a version "
+        "whose tools the code no longer has: upgrade them (the pre-flight decides) or abandon the turn.",
+    ),
 ]
 
 
@@ -125,6 +131,7 @@ SESSION_ACTIONS: dict[str, str] = {
     "abandon": "Abandoned the blocked turn of",
     "revoke": "Revoked",
     "restore": "Restored",
+    "upgrade": "Upgraded to the newest version",
 }
 
 
@@ -140,7 +147,10 @@ def session_action(request: HttpRequest, session_id: uuid.UUID, action: str) -> 
         messages.error(request, f"Nothing done: {_form_errors(form)}")
         return redirect("sessions:console")
     try:
-        actions.session_action(request.user, session_id, action, form.cleaned_data["reason"])
+        if action == "upgrade":  # agent versions' verb (pre-flight; 409 upgrade_refused): to the newest
+            actions.upgrade(request.user, session_id, None)
+        else:
+            actions.session_action(request.user, session_id, action, form.cleaned_data["reason"])
     except (UnknownSession, NotAllowed):
         raise
     except TerretError as exc:

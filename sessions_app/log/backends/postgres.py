@@ -26,6 +26,13 @@ from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run
 from sessions_app.log.sql import Sql
 
 TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+# Session.event_versions takes the run's {kind: version} (above version 1),
+# keeping each kind's highest: a writer of older code may append after a newer one.
+VERSIONS_SET = (
+    "event_versions = COALESCE(event_versions, '{}'::jsonb) || (SELECT jsonb_object_agg(v.key, "
+    f"GREATEST(v.value::int, COALESCE(({SESSION_TABLE}.event_versions ->> v.key)::int, 0))) "
+    "FROM jsonb_each_text(%s::jsonb) AS v)"
+)
 ONE_STATEMENT = True
 claim_extras = True
 
@@ -65,7 +72,7 @@ def append_run(run: Run) -> list[dict[str, Any]]:
     kind's extra writes ride along as data-modifying CTEs reading the updated
     row `s` (s.profile_id, s.day), and the INSERT writes every event."""
     n = len(run.items)
-    q = Sql(f"WITH s AS (UPDATE {SESSION_TABLE} SET ").extend(run.set_sql())
+    q = Sql(f"WITH s AS (UPDATE {SESSION_TABLE} SET ").extend(run.set_sql(VERSIONS_SET))
     q.add(" WHERE ").extend(run.where_sql(run.session_id)).add(" RETURNING id, last_seq")
     if run.extras:
         q.add(", profile_id, CAST(%s AS date) AS day", run.now.date())
@@ -74,13 +81,28 @@ def append_run(run: Run) -> list[dict[str, Any]]:
     q.add(")")
     for i, (sql, params) in enumerate(run.extras):
         q.add(f", x{i} AS ({sql})", *params)
-    q.add(
-        f", ins AS (INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at) "
-        f"SELECT s.id, s.last_seq - {n} + v.i, v.kind, v.data::jsonb, %s FROM s, (VALUES ",
-        run.now,
-    )
-    q.join(", ", (Sql("(%s::int, %s::text, %s::text)", i, e.kind, e.payload) for i, e in enumerate(run.items, 1)))
-    q.add(") AS v(i, kind, data) RETURNING seq) SELECT ins.seq")
+    if not run.versions:  # every event at version 1: the column's default, one statement text
+        q.add(
+            f", ins AS (INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at) "
+            f"SELECT s.id, s.last_seq - {n} + v.i, v.kind, v.data::jsonb, %s FROM s, (VALUES ",
+            run.now,
+        )
+        q.join(", ", (Sql("(%s::int, %s::text, %s::text)", i, e.kind, e.payload) for i, e in enumerate(run.items, 1)))
+        q.add(") AS v(i, kind, data) RETURNING seq) SELECT ins.seq")
+    else:
+        q.add(
+            f", ins AS (INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at, version) "
+            f"SELECT s.id, s.last_seq - {n} + v.i, v.kind, v.data::jsonb, %s, v.version FROM s, (VALUES ",
+            run.now,
+        )
+        q.join(
+            ", ",
+            (
+                Sql("(%s::int, %s::text, %s::text, %s::smallint)", i, e.kind, e.payload, e.spec.version)
+                for i, e in enumerate(run.items, 1)
+            ),
+        )
+        q.add(") AS v(i, kind, data, version) RETURNING seq) SELECT ins.seq")
     if run.release:
         q.add("".join(f", s.{c}" for c in WORKLOAD_COLUMNS)).add(f", {SLOTS_WANTED}")
     q.add(" FROM ins, s ORDER BY ins.seq")

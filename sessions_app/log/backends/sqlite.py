@@ -15,6 +15,13 @@ from sessions_app.log.sql import Sql
 
 ONE_STATEMENT = False
 claim_extras = False
+# Session.event_versions takes the run's {kind: version} (above version 1),
+# keeping each kind's highest: a writer of older code may append after a newer one.
+VERSIONS_SET = (
+    "event_versions = json_patch(COALESCE(event_versions, '{}'), (SELECT json_group_object(v.key, "
+    f"max(v.value, COALESCE(json_extract({SESSION_TABLE}.event_versions, '$.\"' || v.key || '\"'), 0))) "
+    "FROM json_each(%s) AS v))"
+)
 
 
 def param(value: Any) -> Any:
@@ -41,7 +48,7 @@ fetch_unprepared = fetch  # SQLite's own statement cache is all there is
 def append_run(run: Run) -> list[dict[str, Any]]:
     """The UPDATE (row lock, seqs), then the INSERT of every event, then the
     kind's extra writes reading the updated row as `s`."""
-    q = Sql(f"UPDATE {SESSION_TABLE} SET ").extend(run.set_sql())
+    q = Sql(f"UPDATE {SESSION_TABLE} SET ").extend(run.set_sql(VERSIONS_SET))
     q.add(" WHERE ").extend(run.where_sql(run.session_id)).add(" RETURNING last_seq, profile_id")
     if run.release:
         q.add("".join(f", {c}" for c in WORKLOAD_COLUMNS)).add(f", {SLOTS_WANTED}")
@@ -50,11 +57,11 @@ def append_run(run: Run) -> list[dict[str, Any]]:
         return []
     row = updated[0]
     first = int(row["last_seq"]) - len(run.items) + 1
-    insert = Sql(f"INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at) VALUES ")
+    insert = Sql(f"INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at, version) VALUES ")
     insert.join(
         ", ",
         (
-            Sql("(%s, %s, %s, %s, %s)", run.session_id, first + i, e.kind, e.payload, run.now)
+            Sql("(%s, %s, %s, %s, %s, %s)", run.session_id, first + i, e.kind, e.payload, run.now, e.spec.version)
             for i, e in enumerate(run.items)
         ),
     )
