@@ -49,7 +49,7 @@ from sessions_app.runtime.outcomes import Outcome
 from sessions_app.runtime.view import TurnState, TurnView
 from sessions_app.tools.base import Definition, Reconciliation, ToolContext
 from sessions_app.tools.executor import execute
-from sessions_app.tools.registry import Registry, on_progress, registry_for_profile
+from sessions_app.tools.registry import Registry, on_progress, registry_for_profile, unlisted_now
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class ToolCalls:
         self._registry: Registry | None = None
         # What the last execute stopped on when it returned BLOCKED.
         self.missing: definitions.Missing | None = None
+        # MCP tools an owed call was checked against its server for, this drive: why each is gone (None: listed).
+        self._asked: dict[str, str | None] = {}
 
     @property
     def registry(self) -> Registry:
@@ -137,7 +139,7 @@ class ToolCalls:
 
     def run_call(self, call: ToolCall, st: TurnState, message_seq: int, *, owed: bool = True) -> Waits | None:
         defn = self.registry.get(call.name)
-        if defn is None and owed:
+        if (defn is None and owed) or (owed and self.unlisted_now(call.name)):
             return self.without_tool(call, st, message_seq)
         if defn is None:
             return self.result(call, f"unknown tool {call.name!r}", True)
@@ -190,6 +192,13 @@ class ToolCalls:
         edited = ToolCall(call.id, call.name, json.dumps(decision.args, ensure_ascii=False))
         return self.invoke(defn, edited, st, message_seq, edited=True)
 
+    def unlisted_now(self, name: str) -> str | None:
+        """An owed call's MCP tool, asked of its server again (once a drive):
+        this process's listing may predate a server upgraded in place."""
+        if name not in self._asked:
+            self._asked[name] = unlisted_now(self.profile, name)
+        return self._asked[name]
+
     def without_tool(self, call: ToolCall, st: TurnState, message_seq: int) -> Waits | None:
         """An owed call whose tool is gone: what its ledger settles without
         the tool (an operator's done or failed) is recorded, an attempt marked
@@ -201,7 +210,7 @@ class ToolCalls:
             if move.via is not None:
                 self.result(call, move.content, move.is_error, attempt=move.attempt, via=move.via)
             return None
-        self.missing = definitions.missing_tool(call.name, self.profile, self.registry)
+        self.missing = definitions.missing_tool(call.name, self.profile, self.registry, self._asked.get(call.name))
         return Waits.DEFINITION
 
     def call_context(self, defn: Definition, args: dict[str, Any]) -> hooks.CallContext:

@@ -39,17 +39,20 @@ class Missing:
     reason: str
 
 
-def missing_tool(name: str, definition: AgentProfile, registry: Registry) -> Missing:
+def missing_tool(name: str, definition: AgentProfile, registry: Registry, now: str | None = None) -> Missing:
     """Why the tool `name`, which a call the turn owes was made to, is not in
-    `registry` (built for `definition`): its MCP server is down, the server
-    no longer lists it, the running code lacks the built-in, or the
+    `registry` (built for `definition`), or not on its server when asked
+    again (`now`, tools.registry.unlisted_now): its MCP server is down, the
+    server no longer lists it, the running code lacks the built-in, or the
     definition no longer has it."""
     if name.startswith("mcp."):
         server = name.split(".")[1] if name.count(".") >= 2 else ""
-        if server in registry.unavailable:
+        down = registry.unavailable.get(server)
+        if down is None and now is not None and now.startswith("unavailable: "):
+            down = now.removeprefix("unavailable: ")
+        if down is not None:
             return Missing(
-                f"mcp_server:{server}",
-                f"MCP server {server!r}, which {name!r} is owed to, is unavailable: {registry.unavailable[server]}",
+                f"mcp_server:{server}", f"MCP server {server!r}, which {name!r} is owed to, is unavailable: {down}"
             )
         if server in _server_names(definition):
             return Missing(f"tool:{name}", f"MCP server {server!r} no longer lists {name!r}, which a call is owed to")

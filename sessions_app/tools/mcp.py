@@ -430,6 +430,12 @@ class MCPManager:
         limit = cfg.timeout if timeout is None else timeout
         return self._run(self._call_tool(cfg.key, tool, args, limit, meta, on_progress), limit + STARTUP_TIMEOUT)
 
+    def relist_tools(self, config: Config) -> list[str]:
+        """The names the server lists now, asked again (not this process's
+        cached listing): a server upgraded in place may have dropped a tool."""
+        cfg = _config(config)
+        return [tool.name for tool in self._run(self._relist(cfg.key), STARTUP_TIMEOUT * 2)]
+
     def is_running(self, config: Config) -> bool:
         """Whether a live session exists for this config (for tests and health checks)."""
         key = _config(config).key
@@ -542,6 +548,10 @@ class MCPManager:
             raise _unlistable(key, _describe(exc)) from exc
         self._tools[key] = tools
         return tools
+
+    async def _relist(self, key: Key) -> list[Tool]:
+        self._tools.pop(key, None)
+        return await self._list_tools(key)
 
     async def _call_tool(
         self,
@@ -758,6 +768,12 @@ def list_tools(config: Config, progress: ProgressSink | None = None) -> list[Def
     """The server's tools as Definitions named `mcp.<server>.<tool>`; their
     calls report progress notifications to `progress`."""
     return manager().list_tools(config, progress)
+
+
+def relist_tools(config: Config) -> list[str]:
+    """The tool names (the server's own) the server lists now (MCPUnavailable
+    when it cannot be asked)."""
+    return manager().relist_tools(config)
 
 
 def call_tool(

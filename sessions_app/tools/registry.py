@@ -182,6 +182,29 @@ def config_hash(profile: AgentProfile) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def unlisted_now(profile: AgentProfile, name: str) -> str | None:
+    """For `mcp.<server>.<tool>`, the profile's server asked again now (not
+    this process's cached listing): None when it still lists the tool, else
+    why not ("unavailable: ..." or "unlisted"). For any other name, None.
+    A call owed from an earlier drive is checked this way before it runs, so
+    a server upgraded in place that dropped the tool blocks the turn instead
+    of answering the model "unknown tool" (runtime/definitions.py)."""
+    parts = name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "mcp":
+        return None
+    raw = next((r for r in profile.mcp_servers or [] if isinstance(r, dict) and r.get("name") == parts[1]), None)
+    if raw is None:
+        return None  # not the definition's server: the registry's own check names it
+    # Imported here, like build_registry: only a turn owing an MCP call pays the SDK's import.
+    from . import mcp
+
+    try:
+        listed = mcp.relist_tools(raw)
+    except mcp.MCPUnavailable as exc:
+        return f"unavailable: {exc}"
+    return None if parts[2] in listed else "unlisted"
+
+
 def registry_for_profile(profile: AgentProfile) -> Registry:
     digest = config_hash(profile)
     cached = _cached(profile.pk, digest)

@@ -12,7 +12,10 @@ idempotent), `mutate` has no annotations at all.
 Two switches make it another release of itself: EFFECTS_HIDE (tool names,
 comma-separated) leaves those tools out of its listing and its calls, and
 EFFECTS_FAIL_START=1 makes it exit before the handshake (a server that
-fails to start).
+fails to start). A third changes it while it runs, as a server upgraded in
+place does: EFFECTS_HIDE_FILE names a file read at every request, whose
+comma-separated tool names are left out of the listing and answered as
+unknown tools (`hide_now`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,34 @@ from typing import Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 KEY, ATTEMPT, FENCE = "io.terret/idempotency_key", "io.terret/attempt", "io.terret/fence"
 
-server = MCPServer("effects", version="1.0", log_level="WARNING", subscriptions=False)
+
+def _hidden_now() -> set[str]:
+    path = os.environ.get("EFFECTS_HIDE_FILE")
+    if not path or not os.path.exists(path):
+        return set()
+    return {name.strip() for name in Path(path).read_text().split(",") if name.strip()}
+
+
+class _Effects(MCPServer):
+    """Reads EFFECTS_HIDE_FILE at every listing and call (see the docstring)."""
+
+    async def list_tools(self) -> Any:
+        hidden = _hidden_now()
+        return [tool for tool in await super().list_tools() if tool.name not in hidden]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        if name in _hidden_now():
+            raise ToolError(f"Unknown tool: {name}")
+        return await super().call_tool(name, arguments, context)
+
+
+server = _Effects("effects", version="1.0", log_level="WARNING", subscriptions=False)
 
 Seconds = Annotated[float, Field(ge=0, le=30)]
 
@@ -95,9 +120,11 @@ async def destroy(ctx: Context, seconds_before: Seconds = 0, seconds_after: Seco
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def fx_server(effects_log: Path, *, hide: tuple[str, ...] = (), fail_start: bool = False) -> dict[str, Any]:
-    """A profile's `mcp_servers` entry (named fx) for this server; `hide`
-    and `fail_start` set the switches above."""
+def fx_server(
+    effects_log: Path, *, hide: tuple[str, ...] = (), fail_start: bool = False, hide_file: Path | None = None
+) -> dict[str, Any]:
+    """A profile's `mcp_servers` entry (named fx) for this server; `hide`,
+    `fail_start` and `hide_file` set the switches above."""
     # The SDK starts servers with a minimal environment (no PYTHONPATH) in
     # the worker's cwd; PYTHONPATH makes `-m tests.fakes...` work from anywhere.
     env = {"EFFECTS_LOG": str(effects_log), "PYTHONPATH": str(_ROOT)}
@@ -105,7 +132,14 @@ def fx_server(effects_log: Path, *, hide: tuple[str, ...] = (), fail_start: bool
         env["EFFECTS_HIDE"] = ",".join(hide)
     if fail_start:
         env["EFFECTS_FAIL_START"] = "1"
+    if hide_file is not None:
+        env["EFFECTS_HIDE_FILE"] = str(hide_file)
     return {"name": "fx", "command": sys.executable, "args": ["-m", "tests.fakes.effects_mcp_server"], "env": env}
+
+
+def hide_now(hide_file: Path, *names: str) -> None:
+    """The running server lists (and runs) none of `names` from its next request on; none: all again."""
+    hide_file.write_text(",".join(names))
 
 
 def executions(effects_log: Path) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from sessions_app.services import effects as effect_services
 from sessions_app.services import operators
 from sessions_app.services import versions as version_services
 from sessions_app.tools import registry
-from tests.fakes.effects_mcp_server import executions, fx_server
+from tests.fakes.effects_mcp_server import executions, fx_server, hide_now
 from tests.fakes.fake_llm import Reply
 from tests.helpers import edit_profile, events, wait_for
 from tests.sessions_app.apiutil import bearer, call, session_url, token_for
@@ -44,12 +44,18 @@ def effects_log(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def profile(db: None, effects_log: Path) -> AgentProfile:
+def hide_file(tmp_path: Path) -> Path:
+    """What the running server hides (tests.fakes.effects_mcp_server.hide_now)."""
+    return tmp_path / "hidden.txt"
+
+
+@pytest.fixture
+def profile(db: None, effects_log: Path, hide_file: Path) -> AgentProfile:
     registry.clear_cache()
     return AgentProfile.objects.create(
         name="fx-defs",
         roles={"main": "test/model"},
-        mcp_servers=[fx_server(effects_log)],
+        mcp_servers=[fx_server(effects_log, hide_file=hide_file)],
         allow_floor=["*"],
     )
 
@@ -76,8 +82,17 @@ def blocked(session: Session) -> dict[str, Any]:
 @pytest.mark.worker
 @turn
 def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once_after_a_retry(
-    start_worker: Any, fake_llm: Any, make_user: Any, make_reviewer: Any, profile: AgentProfile, effects_log: Path
+    start_worker: Any,
+    fake_llm: Any,
+    make_user: Any,
+    make_reviewer: Any,
+    profile: AgentProfile,
+    effects_log: Path,
+    hide_file: Path,
 ) -> None:
+    """The server is upgraded in place (the profile, and so the turn's agent
+    version, does not change): the worker's listing of it predates the
+    upgrade, and the owed call asks the server again before it runs."""
     fake_llm.script(Reply(tool_calls=[("mcp.fx.mutate", {"label": "owed"})]), Reply(text="done"))
     owner = make_user("owner")
     session = services.create_session(owner, profile)
@@ -87,7 +102,7 @@ def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once
     (asked,) = wait_for(lambda: events(session, "approval/requested"), timeout=60, what="approval/requested")
     assert asked["name"] == "mcp.fx.mutate"
 
-    serve(profile, fx_server(effects_log, hide=("mutate",)), session)  # the new release lists no mutate
+    hide_now(hide_file, "mutate")  # the running server's new release lists no mutate
     approvals.decide(session.id, asked["call_id"], "approve", user=make_reviewer("rev"))
     wait_for(lambda: events(session, "turn/blocked"), timeout=60, what="turn/blocked")
     stop = blocked(session)
@@ -99,7 +114,7 @@ def test_a_parked_call_whose_tool_the_server_stops_listing_blocks_then_runs_once
     assert shown["status"] == "blocked"
     assert (shown["blocked"]["code"], shown["blocked"]["what"]) == ("definition_missing", "tool:mcp.fx.mutate")
 
-    serve(profile, fx_server(effects_log), session)  # restored
+    hide_now(hide_file)  # restored
     assert call(client, "POST", session_url(session, "/retry"), **auth).status_code == 202
     wait_for(lambda: events(session, "turn/end"), timeout=60, what="turn/end")
     assert events(session, "turn/end") == [{"status": "completed"}]
