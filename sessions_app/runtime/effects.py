@@ -44,6 +44,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from sessions_app.log.records import LoggedEvent
+from sessions_app.log.upcasters import lift
 from sessions_app.models import EffectAudit, Event, Session
 from sessions_app.tools.base import REPLAYS, Definition, Reconciliation, Replay
 
@@ -345,15 +346,15 @@ def _scan(session_id: uuid.UUID | str) -> _Scan:
     rows = (
         Event.objects.filter(session_id=session_id, kind__in=(*LEDGER_KINDS, "turn/end"))
         .order_by("seq")
-        .values_list("seq", "kind", "data", "created_at")
+        .values_list("seq", "kind", "data", "created_at", "version")
         .iterator(chunk_size=2000)
     )
     turn_seq = 0
     ledger: dict[str, CallLedger] = {}
     arguments: dict[str, str] = {}
     made_by: dict[str, int] = {}
-    for seq, kind, data, created_at in rows:
-        e = LoggedEvent(seq, kind, data)
+    for seq, kind, data, created_at, version in rows:
+        e = LoggedEvent(seq, kind, lift(kind, version, data))
         if kind == "turn/start":
             turn_seq, ledger = seq, {}
             scan.turns_open.add(seq)
@@ -403,12 +404,12 @@ def call_effects(session_id: uuid.UUID | str, call_id: str) -> list[Effect]:
     rows = (
         Event.objects.filter(session_id=session_id, kind__in=_CALL_KINDS, data__call_id=call_id)
         .order_by("seq")
-        .values_list("seq", "kind", "data", "created_at")
+        .values_list("seq", "kind", "data", "created_at", "version")
     )
     ledger: dict[str, CallLedger] = {}
     attempts: list[Attempt] = []
-    for seq, kind, data, created_at in rows:
-        found = _apply(ledger, LoggedEvent(seq, kind, data), at=created_at)
+    for seq, kind, data, created_at, version in rows:
+        found = _apply(ledger, LoggedEvent(seq, kind, lift(kind, version, data)), at=created_at)
         if kind == "tool/attempt" and found is not None:
             attempts.append(found)
     if not attempts:

@@ -38,6 +38,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.log.reads import stall_stands
 from sessions_app.log.records import LoggedEvent
+from sessions_app.log.upcasters import lift
 from sessions_app.models import Event, Session
 from sessions_app.runtime import effects
 
@@ -121,9 +122,9 @@ def _phase(session_id: uuid.UUID, turn_seq: int) -> tuple[str, list[effects.Atte
     rows = (
         turn.filter(seq__gte=start, kind__in=STEP_KINDS)
         .order_by("seq")
-        .values_list("seq", "kind", "data", "created_at")
+        .values_list("seq", "kind", "data", "created_at", "version")
     )
-    events = [(LoggedEvent(seq, kind, data), at) for seq, kind, data, at in rows]
+    events = [(LoggedEvent(seq, kind, lift(kind, version, data)), at) for seq, kind, data, at, version in rows]
     running = effects.in_flight(events)
     if running:
         return "tool", running

@@ -124,3 +124,29 @@ def test_a_missing_step_is_refused(user_message_v2: None, monkeypatch: Any) -> N
     assert upcasters.missing_steps() == ["user/message@1"]
     with pytest.raises(upcasters.CannotLift, match="no upcaster"):
         upcasters.lift("user/message", 1, {"text": "x"})
+
+
+def _renamed(data: dict[str, Any]) -> dict[str, Any]:
+    """A test step from version 1 of tool/attempt: the tool's name as version 2 spells it."""
+    return {**data, "name": f"{data['name']}@v2"}
+
+
+@pytest.mark.django_db
+def test_the_effect_ledger_reads_older_attempts_lifted(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger (runtime/effects.py: the operators' list, the audit) reads
+    through the upcasters too: an attempt written at version 1 is read as
+    the current version says."""
+    from sessions_app.runtime import effects
+
+    append(session.id, "turn/start", {})
+    append(
+        session.id, "assistant/message", {"content": None, "tool_calls": [{"id": "c1", "name": "t", "arguments": "{}"}]}
+    )
+    attempt = {"call_id": "c1", "name": "t", "attempt": 1, "replay": "never", "idempotency_key": "k1", "fence": 0}
+    append(session.id, "tool/attempt", attempt)  # by the previous release, at version 1
+    monkeypatch.setitem(catalogue.CATALOGUE, "tool/attempt", replace(catalogue.CATALOGUE["tool/attempt"], version=2))
+    monkeypatch.setitem(upcasters.UPCASTERS, ("tool/attempt", 1), _renamed)
+    (found,) = effects.effects(session.id)
+    assert (found.call_id, found.tool, found.attempt) == ("c1", "t@v2", 1)
+    (one,) = effects.call_effects(session.id, "c1")
+    assert one.tool == "t@v2"
