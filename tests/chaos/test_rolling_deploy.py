@@ -41,6 +41,7 @@ MID_TURN, CLOCK, PARKED, SCHEDULED = 60, 10, 20, 10
 CLOCK_PROFILE = "chaos-clock"  # the chaos profile plus clock.now, which the next release drops
 BLOCK_CODES = {"definition_missing", "unsupported_version", "retries_exhausted", "context_overflow"}
 GATE_TIMEOUT = 90.0
+WAKES = 4  # extra drive tasks per follow-up in the overlap, spread over both releases' workers
 DUE_IN = 8.0  # the schedules fall due while both releases run or during the drain
 
 
@@ -144,13 +145,14 @@ def _drill(
     for w in new:
         stack.wait_worker_ready(w, 90)
     start_daphne(stack, **NEXT)
+    overlap(chaos, groups["parked"][: PARKED // 2])
     open_at_drain = {sid for sid in sessions if invariants.session_row(chaos.db, sid)["open_turn_seq"] is not None}
     drained_at = time.time()
     for w in old:
         chaos.signal(w, signal.SIGTERM)
     time.sleep(0.5)
     gate.set()  # the held model calls answer: the old workers finish their step and hand the turn over
-    for sid in groups["parked"]:
+    for sid in groups["parked"][PARKED // 2 :]:
         call_id = next(e for e in chaos.events(sid) if e.kind == "approval/requested").data["call_id"]
         chaos.approve(sid, call_id)
     codes = [w.proc.wait(60) for w in old]
@@ -197,6 +199,18 @@ def _drill(
     assert handed_over, "some turn open at the drain was finished by the next release"
     assert step_starts.get(1) and step_starts.get(2), "both releases wrote step/start, each at its own version"
     assert {blocked_code(chaos, s) for s in groups["clock"]} <= {"definition_missing", None}
+
+
+def overlap(chaos: Chaos, parked: list[str]) -> None:
+    """While both releases run: approve `parked`, and once each turn ended
+    post a follow-up with extra wake-ups, so old workers meet logs the next
+    release wrote at version 2 (they leave them, codever.py)."""
+    for sid in parked:
+        chaos.approve(sid, next(e for e in chaos.events(sid) if e.kind == "approval/requested").data["call_id"])
+    for sid in parked:
+        chaos.wait_kind(sid, "turn/end", timeout=60)
+        chaos.post(sid, f"after the approval {sid}")
+        chaos.probe.wake(sid, WAKES)
 
 
 def _next_worker(stack: Stack, i: int) -> AppProcess:
