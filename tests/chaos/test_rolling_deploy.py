@@ -108,7 +108,7 @@ def test_rolling_deploy_old_workers_drained_by_sigterm(chaos: Chaos) -> None:
     stack.create_profile(CLOCK_PROFILE, **{**fields, "builtin_tools": [*fields["builtin_tools"], "clock.now"]})
     for i in range(MID_TURN + CLOCK):
         sid = chaos.new_session() if i >= CLOCK else new_session(chaos, CLOCK_PROFILE)
-        then = [("clock.now", {})] if i < CLOCK else []
+        then: list[tuple[str, dict[str, Any]]] = [("clock.now", {})] if i < CLOCK else []
         groups["clock" if i < CLOCK else "mid_turn"].append(sid)
         chaos.post(sid, f"deploy {i} {time.monotonic_ns()}", held_then(gate, then))
     for i in range(PARKED):
