@@ -34,9 +34,10 @@ from typing import Any
 from django.conf import settings
 
 from sessions_app import log
-from sessions_app.log import catalogue
+from sessions_app.log import catalogue, upcasters
 from sessions_app.models import WorkerProcess
 from sessions_app.runtime import failures
+from sessions_app.tools.builtins import BUILTINS
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +109,6 @@ def apply_test_release() -> None:
     the next release (a changed event version and a changed tool set)."""
     if os.environ.get(TEST_RELEASE_ENV, "") != "next" or not settings.TESTING:
         return
-    from sessions_app.log import upcasters
-    from sessions_app.tools.builtins import BUILTINS
-
     spec = catalogue.CATALOGUE[NEXT_RELEASE_KIND]
     catalogue.CATALOGUE[NEXT_RELEASE_KIND] = replace(spec, version=2)
     if (NEXT_RELEASE_KIND, 1) not in upcasters.UPCASTERS:
