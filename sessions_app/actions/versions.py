@@ -3,12 +3,14 @@ profile's sessions upgraded in bulk (operators)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from sessions_app.actions.access import by, operator, session_for
+from sessions_app.actions.access import by, operator, session_for, visible
 from sessions_app.actions.sessions import usable_profiles
 from sessions_app.errors import InvalidInput
 from sessions_app.models import AgentProfile, Session
+from sessions_app.permissions import is_operator
 from sessions_app.runtime import versions as runtime_versions
 from sessions_app.services import versions
 from sessions_app.services.versions import BulkUpgrade, SessionVersion, VersionRow
@@ -25,9 +27,32 @@ def upgrade(user: Any, session_id: Any, to: int | None) -> SessionVersion:
     return found
 
 
+# What an MCP server's configuration may carry that is not every user's to
+# read (a token in its environment or a header): shown as keys only.
+_SECRET_PARTS = ("env", "headers")
+
+
 def profile_versions(user: Any, name: str) -> list[VersionRow]:
-    """The versions of a profile `user` may use, newest first."""
-    return versions.versions_of(_profile(user, name))
+    """The versions of a profile `user` may use, newest first. Each counts
+    only the sessions `user` may view, and to anyone but an operator the MCP
+    servers' environment and header values are masked."""
+    rows = versions.versions_of(_profile(user, name), visible(user, Session.objects.all()))
+    if is_operator(user):
+        return rows
+    return [replace(row, snapshot=_masked(row.snapshot)) for row in rows]
+
+
+def _masked(snapshot: dict[str, Any]) -> dict[str, Any]:
+    profile = dict(snapshot.get("profile") or {})
+    servers = profile.get("mcp_servers")
+    if isinstance(servers, list):
+        profile["mcp_servers"] = [
+            {k: ({n: "***" for n in v} if k in _SECRET_PARTS and isinstance(v, dict) else v) for k, v in s.items()}
+            if isinstance(s, dict)
+            else s
+            for s in servers
+        ]
+    return {**snapshot, "profile": profile}
 
 
 def upgrade_profile(user: Any, name: str, to: int | None) -> BulkUpgrade:

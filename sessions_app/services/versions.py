@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NoProfile, UpgradeRefused
@@ -133,10 +133,12 @@ class VersionRow:
         }
 
 
-def versions_of(profile: AgentProfile) -> list[VersionRow]:
-    """The profile's versions, newest first, each with its session count."""
+def versions_of(profile: AgentProfile, sessions: QuerySet[Session] | None = None) -> list[VersionRow]:
+    """The profile's versions, newest first, each with its count of
+    `sessions` (default: all) on it."""
     counts = dict(
-        Session.objects.filter(profile=profile, agent_version__isnull=False)
+        (Session.objects.all() if sessions is None else sessions)
+        .filter(profile=profile, agent_version__isnull=False)
         .values_list("agent_version")
         .annotate(n=Count("id"))
         .values_list("agent_version", "n")

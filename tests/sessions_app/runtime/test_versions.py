@@ -330,3 +330,27 @@ def test_the_fast_path_writes_nothing_once_the_version_it_read_moved(session: Se
     items = [("turn/start", {}), ("user/message", {"text": "x"})]
     assert log.append_many(session.id, items, guard=("idle_empty_inbox_at", 7)) == []  # on version 1, not 7
     assert len(log.append_many(session.id, items, guard=("idle_empty_inbox_at", 1))) == 2
+
+
+@pytest.mark.django_db
+def test_profile_versions_show_a_user_only_what_is_theirs(
+    client: Client, owner: Any, profile: AgentProfile, make_user: Any
+) -> None:
+    """A version's MCP server environment and headers (where a token may
+    sit) are masked to anyone but an operator, and each version counts only
+    the sessions the caller may view: a second user learns nothing of the first's."""
+    server = {"name": "fx", "command": "srv", "env": {"API_TOKEN": "s3cret"}, "headers": {"X-Key": "k"}}
+    profile.mcp_servers = [server]
+    profile.save()
+    services.create_session(owner, profile)
+    services.run_turn(Session.objects.get(owner=owner).id, "hi")  # its turn opens on the newest version
+    other = make_user("other")
+    got = client.get(f"/api/profiles/{profile.name}/versions", **bearer(token_for(other))).json()["versions"]
+    assert got[0]["snapshot"]["profile"]["mcp_servers"][0]["env"] == {"API_TOKEN": "***"}
+    assert got[0]["snapshot"]["profile"]["mcp_servers"][0]["headers"] == {"X-Key": "***"}
+    assert "s3cret" not in json.dumps(got) and got[0]["sessions"] == 0
+    mine = client.get(f"/api/profiles/{profile.name}/versions", **bearer(token_for(owner))).json()["versions"]
+    assert mine[0]["sessions"] == 1
+    staff = make_user("ops", is_staff=True)
+    full = client.get(f"/api/profiles/{profile.name}/versions", **bearer(token_for(staff))).json()["versions"]
+    assert full[0]["snapshot"]["profile"]["mcp_servers"][0]["env"] == {"API_TOKEN": "s3cret"}
