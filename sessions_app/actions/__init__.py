@@ -73,6 +73,7 @@ from sessions_app.actions.schedules import cancel_schedule, create_schedule, lis
 from sessions_app.actions.sessions import (
     archive,
     cancel,
+    chat_rows,
     compact,
     create_session,
     events,
@@ -110,6 +111,7 @@ __all__ = [
     "by",
     "cancel",
     "cancel_schedule",
+    "chat_rows",
     "compact",
     "create_schedule",
     "create_session",

@@ -13,7 +13,7 @@ from approvals_app import selectors as approvals
 from sessions_app import services
 from sessions_app.actions.access import by, session_for
 from sessions_app.errors import InvalidInput, UnknownSession
-from sessions_app.log.reads import blocked_info, events_page, stalled_since, usage, waiting_info
+from sessions_app.log.reads import blocked_info, events_page, rows_before, stalled_since, usage, waiting_info
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
@@ -160,6 +160,13 @@ def events(user: Any, session_id: Any, after: int, limit: int) -> EventsPage:
     last_seq = head(session.id)
     tail = page[-1]["seq"] if page else after
     return EventsPage(page, last_seq, tail if tail < last_seq else None)
+
+
+def chat_rows(session: Session, *, before: int | None, upto: int, limit: int) -> list[tuple[int, str, Any, Any]]:
+    """The chat page's rows of a session its caller may view (session_for
+    found it): the `limit` events before `before` (or up to `upto`), oldest
+    first, each payload lifted to the catalogue's version (log.reads.rows_before)."""
+    return rows_before(session.id, before=before, upto=upto, limit=limit)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from sessions_app.log.projection import render
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
 CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
+D64 = "a" * 64  # a version digest
 
 # Every kind needs at least one accepted and one rejected payload here; a test
 # below fails when a kind is added to the catalogue without them.
@@ -77,7 +78,19 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
         {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
-    "session/upgraded": [{"from": 1, "to": 2, "by": "policy"}, {"from": None, "to": 1, "by": "alice"}],
+    "session/upgraded": [
+        {
+            "from": {"number": 1, "digest": D64},
+            "to": {"number": 2, "digest": D64},
+            "by": "policy",
+        },
+        {
+            "from": None,
+            "to": {"number": 1, "digest": D64},
+            "by": "alice",
+        },
+        {"from": {"number": 1, "digest": None}, "to": {"number": 2, "digest": None}, "by": "policy"},
+    ],
     "session/suspended": [{"by": "ops"}, {"by": "ops", "reason": "incident"}],
     "session/resumed": [{"by": "ops"}],
     "session/revoked": [{"by": "ops", "reason": "leaked key"}],
@@ -127,7 +140,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "turn/start": [
         {},
         {"by": "alice"},
-        {"version": {"number": 2, "digest": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+        {"version": {"number": 2, "digest": D64}},
     ],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [
@@ -292,7 +305,12 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "request_seq": 4, "deadline_s": 5, "on_expiry": "approve"},
         {"call_id": "c", "request_seq": 4, "deadline_s": 0, "on_expiry": "deny"},
     ],
-    "session/upgraded": [{"from": 1, "to": 2}, {"from": 1, "to": 0, "by": "p"}, {"from": "1", "to": 2, "by": "p"}],
+    "session/upgraded": [
+        {"from": 1, "to": 2, "by": "p"},  # version 1's shape: read lifted, never written any more
+        {"from": None, "to": {"number": 0, "digest": None}, "by": "p"},
+        {"from": None, "to": {"number": 1, "digest": "abc"}, "by": "p"},
+        {"from": None, "to": {"number": 1}, "by": "p"},
+    ],
     "session/suspended": [{}, {"by": ""}],
     "session/resumed": [{"reason": "x"}],
     "session/revoked": [{"by": 3}],
