@@ -4,7 +4,7 @@ every door shows payloads lifted to the catalogue's version).
 Two kinds of old row: a real one, session/upgraded at version 1 (bare
 numbers; the catalogue reads version 2, {number, digest}), and
 user/message written at version 1 before a test version 2 whose step from
-1 strips the text (`user_message_v2`), so a row's text says at a glance
+1 rewrites the text (`user_message_v2`), so a row's text says at a glance
 whether the door lifted it."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sessions_app.log import catalogue, upcasters
 from sessions_app.models import Event
 
 OLD_TEXT = "  said under version 1  "
-LIFTED_TEXT = OLD_TEXT.strip()
+LIFTED_TEXT = "said under version 1, read as version 2"
 LIFTED_UPGRADE = {"from": {"number": 1, "digest": None}, "to": {"number": 2, "digest": None}, "by": "policy"}
 
 
@@ -42,7 +42,7 @@ PREVIOUS_UPGRADED = catalogue.Kind(
 
 
 def _strip(data: dict[str, Any]) -> dict[str, Any]:
-    return {**data, "text": data["text"].strip()}
+    return {**data, "text": f"{data['text'].strip()}, read as version 2"}
 
 
 @contextlib.contextmanager
