@@ -127,7 +127,7 @@ def registration() -> tuple[str, str]:
     return build(), json.dumps(catalogue.versions(), separators=(",", ":"), sort_keys=True)
 
 
-def _written(value: dict[str, Any] | str | None) -> dict[str, int] | None:
+def written_versions(value: dict[str, Any] | str | None) -> dict[str, int] | None:
     """Session.event_versions as a claim's row holds it (SQLite hands the JSON back as text)."""
     found: dict[str, Any] | None = json.loads(value) if isinstance(value, str) else value
     return {str(k): int(v) for k, v in found.items()} if found else None
@@ -135,12 +135,12 @@ def _written(value: dict[str, Any] | str | None) -> dict[str, int] | None:
 
 def unreadable(written: dict[str, Any] | str | None) -> str | None:
     """ "event:<kind>@<version>" for a version in the log this code cannot read; None: it reads them all."""
-    return catalogue.unreadable(_written(written))
+    return catalogue.unreadable(written_versions(written))
 
 
 def capable_worker(written: dict[str, Any] | str | None) -> bool:
     """Whether some live worker process reads every version in `written`."""
-    versions = _written(written)
+    versions = written_versions(written)
     reads = WorkerProcess.objects.values_list("event_versions", flat=True)
     return any(catalogue.unreadable(versions, dict(r or {})) is None for r in reads)
 

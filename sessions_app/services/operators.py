@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
+from sessions_app.log import catalogue
 from sessions_app.log.reads import stalled_since, turn_events
 from sessions_app.models import (
     AgentProfile,
@@ -35,9 +36,11 @@ from sessions_app.models import (
     OperatorAction,
     Session,
     Suspension,
+    WorkerProcess,
 )
-from sessions_app.runtime import dispatch, limits
+from sessions_app.runtime import codever, dispatch, limits
 from sessions_app.runtime.closing import closing_entries
+from sessions_app.runtime.failures import UNSUPPORTED_VERSION
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
 from sessions_app.services import inputs, schedules
@@ -302,7 +305,7 @@ def attention() -> dict[str, list[Item]]:
 
 
 # turn/blocked codes that only an upgrade, the code's return or an abandon moves on.
-STRANDED_CODES = ("definition_missing", "unsupported_version")
+STRANDED_CODES = ("definition_missing", UNSUPPORTED_VERSION)
 
 
 def _stranded() -> list[Item]:
@@ -330,8 +333,51 @@ def _stranded() -> list[Item]:
         )
         for e in blocked
     ]
+    items += _input_unread()[: ATTENTION_LIMIT - len(items)]
     seen = {item.session_id for item in items}
     return items + [i for i in _pinned_without_tools() if i.session_id not in seen][: ATTENTION_LIMIT - len(items)]
+
+
+def _input_unread() -> list[Item]:
+    """Idle sessions with input waiting for a turn whose log holds an event
+    version no live worker reads: no turn is open to block, so the drive
+    writes nothing (runtime/drive.py) and the state is read here, from the
+    session row and the WorkerProcess rows. The listing clears itself once
+    a worker that reads the log registers, and the sweep (owed) wakes the
+    session for it. Two statements, like the sweep's, each on its own index."""
+    idle = Session.objects.filter(
+        open_turn_seq__isnull=True,
+        event_versions__isnull=False,
+        held_seq__isnull=True,
+        suspended_seq__isnull=True,
+        revoked_seq__isnull=True,
+    )
+    fields = ("id", "title", "event_versions", "last_event_at")
+    rows = list(idle.filter(queued_follow_ups__gt=0).values_list(*fields)[:ATTENTION_LIMIT])
+    woken = idle.filter(woken_steers__gt=0, last_input_seq__gt=F("inbox_seq"))
+    rows += [r for r in woken.values_list(*fields)[:ATTENTION_LIMIT] if r[0] not in {x[0] for x in rows}]
+    if not rows:
+        return []
+    # With no worker registered (the embedded worker of a single process
+    # registers none), the reader is this process's own code.
+    reads = [dict(r or {}) for r in WorkerProcess.objects.values_list("event_versions", flat=True)]
+    reads = reads or [catalogue.versions()]
+    items: list[Item] = []
+    for session_id, title, written, at in sorted(rows, key=lambda r: r[3] or timezone.now()):
+        what = _unread_by_all(codever.written_versions(written), reads)
+        if what is None:
+            continue
+        reason = f"input waits for a turn, and no live worker reads {what.removeprefix('event:')}"
+        detail = {"code": UNSUPPORTED_VERSION, "what": what, "reason": reason, "waiting": "input"}
+        items.append(Item("stranded", str(session_id), title or str(session_id), at, detail))
+    return items[:ATTENTION_LIMIT]
+
+
+def _unread_by_all(written: dict[str, int] | None, reads: list[dict[str, int]]) -> str | None:
+    """The first "event:<kind>@<version>" of `written` that keeps each reader
+    of `reads` out; None when some reader reads all of it."""
+    found = [catalogue.unreadable(written, r) for r in reads]
+    return None if None in found else found[0]
 
 
 def _pinned_without_tools() -> list[Item]:
