@@ -34,10 +34,9 @@ from typing import Any
 from django.conf import settings
 
 from sessions_app import log
-from sessions_app.log import catalogue, upcasters
+from sessions_app.log import catalogue
 from sessions_app.models import WorkerProcess
 from sessions_app.runtime import failures
-from sessions_app.tools.builtins import BUILTINS
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +44,6 @@ logger = logging.getLogger(__name__)
 # own, to play an older or newer release (honoured only under TESTING).
 TEST_VERSIONS_ENV = "TERRET_TEST_EVENT_VERSIONS"
 BUILD_ENV = "TERRET_BUILD"
-# Test-only: "next" plays the release after this one in the rolling-deploy
-# drill (tests/chaos/test_rolling_deploy.py): step/start at version 2 with
-# its upcaster from 1, and clock.now gone from the built-in tools.
-TEST_RELEASE_ENV = "TERRET_TEST_RELEASE"
-NEXT_RELEASE_KIND = "step/start"
-NEXT_RELEASE_DROPS = "clock.now"
 
 
 @functools.cache
@@ -102,24 +95,6 @@ def apply_test_versions() -> None:
         return
     for kind, version in json.loads(raw).items():
         catalogue.CATALOGUE[kind] = replace(catalogue.CATALOGUE[kind], version=int(version))
-
-
-def apply_test_release() -> None:
-    """Under TESTING only, with TERRET_TEST_RELEASE=next: this process plays
-    the next release (a changed event version and a changed tool set)."""
-    if os.environ.get(TEST_RELEASE_ENV, "") != "next" or not settings.TESTING:
-        return
-    spec = catalogue.CATALOGUE[NEXT_RELEASE_KIND]
-    catalogue.CATALOGUE[NEXT_RELEASE_KIND] = replace(spec, version=2)
-    if (NEXT_RELEASE_KIND, 1) not in upcasters.UPCASTERS:
-        upcasters.upcaster(NEXT_RELEASE_KIND, 1)(_step_start_v2)
-    BUILTINS.pop(NEXT_RELEASE_DROPS, None)
-
-
-def _step_start_v2(data: dict[str, Any]) -> dict[str, Any]:
-    # The drill's version step keeps the payload's shape: what it exercises is
-    # the version gate and the read path through an upcaster, not a new field.
-    return dict(data)
 
 
 def registration() -> tuple[str, str]:
