@@ -123,7 +123,10 @@ def test_waiting_input_no_live_worker_reads_is_stranded_until_one_does(
     assert detail["waiting"] == "input"
     listed = ops.get("/api/ops/attention").json()["attention"]["stranded"]
     assert [(i["session_id"], i["detail"]["what"]) for i in listed] == [(str(chat.id), "event:input/deferred@2")]
-    assert "unsupported_version: event:input/deferred@2" in ops.get("/ops/").content.decode()
+    html = ops.get("/ops/").content.decode()
+    assert "unsupported_version: event:input/deferred@2" in html
+    assert "it runs once a worker that reads this log registers" in html
+    assert f"/ops/sessions/{chat.id}/retry/" not in html  # no turn is open to retry or abandon
 
     _worker(2, {**catalogue.versions(), "input/deferred": 2})  # a worker of the next release registers
     assert str(chat.id) not in stranded()
