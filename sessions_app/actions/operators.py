@@ -5,12 +5,13 @@ session (a foreign or missing id is a 404 like on every other action)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sessions_app.actions.access import by, operator, reviews, session_for
 from sessions_app.actions.approvals import Decision, decide
 from sessions_app.actions.sessions import StatusAfter, status_now
+from sessions_app.actions.words import status_label
 from sessions_app.models import Session
 from sessions_app.services import fleet as fleet_reads
 from sessions_app.services import operators
@@ -103,7 +104,8 @@ class Fleet:
 def fleet(user: Any, status: str = "all", sort: str = "recent") -> Fleet:
     operator(user)
     rows, status, sort = fleet_reads.table(status, sort)
-    return Fleet(fleet_reads.running_now(), rows, status, sort, reviews(user))
+    labelled = [replace(r, label=status_label(r.status)) for r in rows]
+    return Fleet(fleet_reads.running_now(), labelled, status, sort, reviews(user))
 
 
 def decide_approval(user: Any, session_id: Any, call_id: str, verdict: str, reason: str = "") -> Decision:

@@ -122,6 +122,7 @@ class Row:
     session: Session
     status: str
     cost: str
+    label: str = ""  # the status as people read it (actions/words.py)
 
 
 def table(status: str, sort: str) -> tuple[list[Row], str, str]:

@@ -289,6 +289,15 @@ def attention() -> dict[str, list[Item]]:
         .select_related("session")
         .order_by("created_at")[:ATTENTION_LIMIT]
     )
+    asked = list(asked)
+    # A call decided already (its approval/resolved is in the open turn) waits no more, while another may.
+    decided = set(
+        Event.objects.filter(
+            kind="approval/resolved",
+            session_id__in={e.session_id for e in asked},
+            seq__gte=F("session__open_turn_seq"),
+        ).values_list("session_id", "data__call_id")
+    )
     out["approvals"] = [
         Item(
             "approval",
@@ -298,6 +307,7 @@ def attention() -> dict[str, list[Item]]:
             {"call_id": e.data["call_id"], "tool": e.data["name"], "seq": e.seq},
         )
         for e in asked
+        if (e.session_id, e.data["call_id"]) not in decided
     ]
     expired = sessions.filter(open_turn_seq__isnull=False, lease_owner__gt="", lease_expires_at__lt=now)
     stale = sessions.filter(

@@ -127,12 +127,13 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 def _in_place(request: HttpRequest, ok: bool, text: str) -> HttpResponse:
-    """htmx: the console's body again (out of band) and the outcome in #ops-status; else a flash and back."""
+    """htmx: the outcome as the new #ops-status (the target: it stays in the page while a socket frame may
+    have replaced the form that asked) and the console's body again, out of band; else a flash and back."""
     if getattr(request, "htmx", False):
         status, sort = str(request.POST.get("status", "all")), str(request.POST.get("sort", "recent"))
         body = console_fragment(request.user, status, sort, str(request.META.get("CSRF_COOKIE", "")))
         line = format_html(
-            '<p id="ops-status" class="{}" role="status" aria-live="polite" hx-swap-oob="true">{}</p>',
+            '<p id="ops-status" class="{}" role="status" aria-live="polite">{}</p>',
             "ok" if ok else "error",
             text,
         )

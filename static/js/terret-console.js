@@ -7,6 +7,7 @@
   "use strict";
   document.addEventListener("htmx:wsBeforeMessage", function (e) {
     var el = document.activeElement, body = document.getElementById("console-body");
-    if (body && el && body.contains(el) && el.value) e.preventDefault();
+    var typing = el && (el.tagName === "TEXTAREA" || (el.tagName === "INPUT" && el.type === "text"));
+    if (body && typing && body.contains(el) && el.value) e.preventDefault();
   });
 })();
