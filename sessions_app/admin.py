@@ -294,7 +294,7 @@ class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
         )
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        base = self.form
+        base: Any = self.form
         if not issubclass(base, AgentProfileForm):
             # Another app gave this admin a form of its own (policies_app/admin.py
             # checks the allow floor): keep its checks and these, help texts and fields included.
@@ -303,10 +303,10 @@ class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         """The model right under the roles it sets; any other form field after the one it is about."""
-        fields = [f for f in super().get_fields(request, obj) if f not in ("main_model", "confirm_floor")]
+        found = list(super().get_fields(request, obj))
+        fields = [f for f in found if f not in ("main_model", "confirm_floor")]
         fields.insert(fields.index("roles"), "main_model")
-        extra = self._get_form_for_get_fields(request, obj).base_fields
-        if "confirm_floor" in extra:
+        if "confirm_floor" in found:
             fields.insert(fields.index("allow_floor") + 1, "confirm_floor")
         return fields
 

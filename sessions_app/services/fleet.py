@@ -110,7 +110,7 @@ def _live_turn(session: Session) -> LiveTurn:
         str(session.id),
         session.title or str(session.id),
         session.owner.get_username() if session.owner_id else "",
-        session.profile.name if session.profile_id else "",
+        session.profile.name if session.profile is not None else "",
         doing,
         started,
         spent,

@@ -279,7 +279,7 @@ def attention() -> dict[str, list[Item]]:
         "last_event_at",
         lambda s: {"held_seq": s.held_seq, "why": why.get(s.id, "held"), "suspended": s.suspended_seq is not None},
     )
-    asked = (
+    asked = list(
         Event.objects.filter(
             kind="approval/requested",
             session__pending_approvals__gt=0,
@@ -289,7 +289,6 @@ def attention() -> dict[str, list[Item]]:
         .select_related("session")
         .order_by("created_at")[:ATTENTION_LIMIT]
     )
-    asked = list(asked)
     # A call decided already (its approval/resolved is in the open turn) waits no more, while another may.
     decided = set(
         Event.objects.filter(
