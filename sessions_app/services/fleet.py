@@ -170,15 +170,22 @@ def summarize(kind: str, data: dict[str, Any]) -> str:
         return (text + (" → calls " + ", ".join(calls) if calls else "")).strip()
     if kind.startswith("tool/"):
         name = d.get("name") or d.get("tool") or ""
-        result = d.get("result") or d.get("error") or d.get("outcome") or ""
+        result = d.get("content") or d.get("result") or d.get("error") or d.get("outcome") or ""
         flag = " (error)" if d.get("is_error") else ""
         return _short(f"{name} {d.get('call_id', '')}{flag} {result}")
     if kind.startswith("approval/"):
         return _short(f"{d.get('name', '')} {d.get('verdict', '')} {d.get('by', '')} {d.get('reason', '')}")
-    if kind == "step/end":
+    if kind in ("step/end", "usage/recorded"):
         usage = d.get("usage") or {}
-        return _short(f"step {d.get('step')} · {d.get('model', '')} · {usage.get('prompt_tokens', '?')}+"
-                      f"{usage.get('completion_tokens', '?')} tokens · {d.get('latency_ms', '?')} ms")  # fmt: skip
+        parts = [
+            f"{d['purpose']}" if d.get("purpose") else "",
+            f"step {d['step']}" if d.get("step") else "",
+            str(d.get("model") or ""),
+            f"{usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} tokens" if usage else "usage unknown",
+            f"${usage['cost']}" if usage.get("cost") is not None else ("unpriced" if usage else ""),
+            f"{d['latency_ms']} ms" if d.get("latency_ms") is not None else "",
+        ]
+        return _short(" · ".join(p for p in parts if p))
     if kind == "turn/end":
         return _short(f"{d.get('status', '')} {d.get('error', '')}")
     keys = ("reason", "by", "step", "status", "title", "spec", "role", "text")

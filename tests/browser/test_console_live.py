@@ -2,7 +2,8 @@
 375 px (issue 34, part 6): the page is open before anything happens; a
 user's turn parks on an approval and the request appears on /ops/ over the
 socket; the operator approves it in place (no reload); the row goes, the
-turn runs the call and ends, and the operators' log names the actor."""
+turn runs the call and ends, and the operators' log names the actor. Then
+the session's timeline: a row opens to its JSON."""
 
 from __future__ import annotations
 
@@ -74,4 +75,16 @@ def test_an_approval_is_decided_on_ops_without_a_reload(
         ("opsy", "approve", str(session.id))
     ]
     ops.screenshot(path=str(tmp_path / f"ops-after-{width}.png"), full_page=True)
+
+    # The session's timeline: one line per event, each opening to its JSON.
+    ops.goto(f"/ops/sessions/{session.id}/timeline/")
+    verdict = ops.locator('#timeline li[data-kind="approval/resolved"]')
+    expect(verdict.locator("summary")).to_contain_text("approve opsy")
+    expect(verdict.locator("pre")).to_be_hidden()
+    verdict.locator("summary").click()
+    expect(verdict.locator("pre")).to_contain_text('"verdict": "approve"')
+    shown = [int(seq) for seq in ops.eval_on_selector_all("#timeline > li", "els => els.map(e => e.dataset.seq)")]
+    assert shown == list(range(1, len(shown) + 1)), "every event once, in order"  # the titler may add more later
+    assert ops.evaluate("document.documentElement.scrollWidth") <= width, "the timeline overflows"
+    ops.screenshot(path=str(tmp_path / f"ops-timeline-{width}.png"), full_page=True)
     assert ops.js_errors == [] and chat.js_errors == []

@@ -17,6 +17,7 @@ from django.test import Client
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, OperatorAction, Session
 from sessions_app.services import budgets
+from sessions_app.services.fleet import summarize
 from sessions_app.services.sessions import rename_session
 from sessions_app.web.console_socket import console_frame
 from tests.helpers import client_for, events
@@ -188,3 +189,22 @@ def test_staff_only(client: Client, owner: Any, chat: Session, opsy: Any) -> Non
     frame = console_frame(opsy.pk, None, None, "all", "recent", "tok")
     assert frame is not None and 'id="console-body" hx-swap-oob="true"' in frame
     assert 'name="csrfmiddlewaretoken" value="tok"' in frame  # the plain forms still post
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "line"),
+    [
+        ("tool/result", {"call_id": "c1", "name": "clock.now", "content": "2026-01-01"}, "clock.now c1 2026-01-01"),
+        ("tool/result", {"call_id": "c2", "name": "x.y", "content": "boom", "is_error": True}, "x.y c2 (error) boom"),
+        (
+            "step/end",
+            {"step": 2, "model": "m/x", "latency_ms": 40, "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+            "step 2 · m/x · 3+4 tokens · unpriced · 40 ms",
+        ),
+        ("usage/recorded", {"purpose": "title", "usage": None}, "title · usage unknown"),
+        ("turn/end", {"status": "failed", "error": "no key"}, "failed no key"),
+        ("user/message", {"text": "x" * 500}, "x" * 159 + "…"),
+    ],
+)
+def test_a_timeline_line_reads(kind: str, data: dict[str, Any], line: str) -> None:
+    assert summarize(kind, data) == line
