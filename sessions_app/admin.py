@@ -100,12 +100,12 @@ def tool_choices() -> list[tuple[str, str]]:
 
 
 def model_help() -> str:
-    lines = [
+    """What the model field takes, and each configured provider with its key's state (read now)."""
+    shown = "; ".join(f"{'⚠ ' if p.warning else ''}{p.label()}" for p in providers())
+    return (
         "The main role's model, e.g. demo/offline or openai/gpt-4o-mini (blank: the roles field, then "
-        "TERRET_MODEL_MAIN, then the offline demo). Providers:"
-    ]
-    lines += [f"{'⚠ ' if p.warning else ''}{p.label()}" for p in providers()]
-    return " ".join(lines)
+        f"TERRET_MODEL_MAIN, then the offline demo). Providers: {shown}."
+    )
 
 
 class ModelInput(forms.TextInput):

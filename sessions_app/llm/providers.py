@@ -25,6 +25,7 @@ class Provider:
     where: str
     has_key: bool
     examples: tuple[str, ...]
+    needs_key: bool = True
 
     @property
     def warning(self) -> str | None:
@@ -34,7 +35,7 @@ class Provider:
         return f"no API key: set {KEY_SETTING} in the environment, or its models cannot be reached"
 
     def label(self) -> str:
-        state = self.warning or "API key set"
+        state = self.warning or ("API key set" if self.needs_key else "no key needed")
         return f"{self.name} ({self.where}): {state}"
 
 
@@ -42,7 +43,7 @@ def providers() -> list[Provider]:
     """The demo first, then the configured endpoint, read from settings on each call."""
     configured = [m for m in (settings.TERRET_MODEL_MAIN, "openai/gpt-4o-mini") if m]
     return [
-        Provider("demo", "demo/", "offline, built in", True, (DEMO_SPEC,)),
+        Provider("demo", "demo/", "offline, built in", True, (DEMO_SPEC,), needs_key=False),
         Provider(
             "openai-compatible",
             "",

@@ -53,6 +53,8 @@ def test_a_profile_made_in_the_admin_calls_its_two_ticked_tools(
     expect(page.locator("#id_allow_floor")).to_have_value("[]")  # left empty: it becomes the ticked tools
     expect(page.locator("#id_allow_floor_helptext")).to_contain_text("Example")
     page.screenshot(path=str(tmp_path / f"admin-profile-{width}.png"), full_page=True)
+    page.locator(".field-builtin_tools").screenshot(path=str(tmp_path / f"admin-tools-{width}.png"))
+    page.locator(".field-main_model").screenshot(path=str(tmp_path / f"admin-model-{width}.png"))
     page.locator('input[name="_save"]').click()
     expect(page.locator(".messagelist")).to_contain_text("was added successfully")
     profile = AgentProfile.objects.get(name="two-tools")
