@@ -36,7 +36,9 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - budgets.py: budget, set_budget (budget_state)
 - forks.py: fork, edit_and_resend, regenerate
 - operators.py: attention, suspend, resume, session_action (staff: retry,
-  abandon, revoke, restore)
+  abandon, revoke, restore); the live fleet view: fleet (running now, the
+  session table), decide_approval (the reviewers' verb, logged with its
+  actor), free_held, timeline
 - notifications.py: notification_settings, set_notification_settings (the
   signed-in person's own; no session)
 - versions.py: upgrade (owner or staff, through the pre-flight),
@@ -67,7 +69,17 @@ from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.notifications import notification_settings, set_notification_settings
-from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
+from sessions_app.actions.operators import (
+    SESSION_ACTIONS,
+    attention,
+    decide_approval,
+    fleet,
+    free_held,
+    resume,
+    session_action,
+    suspend,
+    timeline,
+)
 from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
 from sessions_app.actions.sessions import (
@@ -116,10 +128,13 @@ __all__ = [
     "create_schedule",
     "create_session",
     "decide",
+    "decide_approval",
     "edit_and_resend",
     "effects",
     "events",
+    "fleet",
     "fork",
+    "free_held",
     "head",
     "health",
     "inject",
@@ -150,6 +165,7 @@ __all__ = [
     "set_policy",
     "socket_access",
     "suspend",
+    "timeline",
     "unarchive",
     "upgrade",
     "upgrade_profile",

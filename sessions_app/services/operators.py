@@ -43,7 +43,7 @@ from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.failures import UNSUPPORTED_VERSION
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
-from sessions_app.services import inputs, schedules
+from sessions_app.services import budgets, inputs, schedules
 from sessions_app.tools.builtins import BUILTINS
 
 SCOPES = ("global", "profile", "session")
@@ -159,6 +159,55 @@ def restore(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
         _record(by, "restore", "session", str(tx.session_id), reason)
 
 
+def free_held(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> str:
+    """Free a session's held input in the one way that applies to this
+    session alone: lift its own suspension, or its own exhausted budget (a
+    budget/updated with no limits, by the operator). A hold by a profile's or
+    the installation's suspension or daily budget is not one session's to lift:
+    InvalidInput names what to do instead. Returns what was done."""
+    _, _, reason = check_action("session", str(session_id), reason)
+    session = Session.objects.select_related("profile").get(id=session_id)
+    if session.held_seq is None:
+        raise InvalidInput("this session holds no input")
+    if session.suspended_seq is not None:
+        resume("session", str(session.id), by=by, reason=reason)
+        return "resumed the session"
+    over = limits.check(session.id, session.profile, opening=True)
+    if over is not None and over.scope == "session":
+        with transaction.atomic():
+            budgets.set_budget(session.id, {}, by=by)
+            _record(by, "free", "session", str(session.id), reason or f"lifted the session's budget ({over.message})")
+        return "lifted the session's budget"
+    if over is not None:
+        raise InvalidInput(f"held by the {over.message}: raise that budget (the profile in the admin, or the settings)")
+    hold = limits.hold_of(session.profile, suspended=False)
+    if hold is not None:
+        raise InvalidInput(f"held by the {hold.scope} suspension: resume that scope")
+    with transaction.atomic():
+        dispatch.wake(session.id)  # nothing holds it any more: its drive takes the input
+        _record(by, "free", "session", str(session.id), reason or "nothing held it any more: woken")
+    return "woke the session"
+
+
+def record_decision(by: str, session_id: uuid.UUID | str, verdict: str, call_id: str, reason: str) -> None:
+    """An approval decided on the operators' console, in the operators' log
+    too (the approval/resolved event in the session's log names the reviewer)."""
+    _record(by, verdict, "session", str(session_id), f"{call_id}: {reason}" if reason else call_id)
+
+
+def held_reasons(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Each session's latest input/held reason (one bounded read)."""
+    rows = (
+        Event.objects.filter(session_id__in=session_ids, kind="input/held")
+        .order_by("session_id", "-seq")
+        .values_list("session_id", "data")
+    )
+    out: dict[uuid.UUID, str] = {}
+    for sid, data in rows[: len(session_ids) * 4]:
+        out.setdefault(sid, str((data or {}).get("text") or "held"))
+    return out
+
+
 # ---------------------------------------------------------------- what needs a human (a selector)
 
 
@@ -225,13 +274,15 @@ def attention() -> dict[str, list[Item]]:
         "last_event_at",
         lambda s: {"revoked_seq": s.revoked_seq},
     )
+    held = list(sessions.filter(held_seq__isnull=False).order_by("last_event_at")[:ATTENTION_LIMIT])
+    why = held_reasons([s.id for s in held])
     out["held_input"] = of(
-        sessions.filter(held_seq__isnull=False).order_by("last_event_at"),
+        held,
         "held_input",
         "last_event_at",
-        lambda s: {"held_seq": s.held_seq},
+        lambda s: {"held_seq": s.held_seq, "why": why.get(s.id, "held"), "suspended": s.suspended_seq is not None},
     )
-    asked = (
+    asked = list(
         Event.objects.filter(
             kind="approval/requested",
             session__pending_approvals__gt=0,
@@ -240,6 +291,14 @@ def attention() -> dict[str, list[Item]]:
         )
         .select_related("session")
         .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    # A call decided already (its approval/resolved is in the open turn) waits no more, while another may.
+    decided = set(
+        Event.objects.filter(
+            kind="approval/resolved",
+            session_id__in={e.session_id for e in asked},
+            seq__gte=F("session__open_turn_seq"),
+        ).values_list("session_id", "data__call_id")
     )
     out["approvals"] = [
         Item(
@@ -250,6 +309,7 @@ def attention() -> dict[str, list[Item]]:
             {"call_id": e.data["call_id"], "tool": e.data["name"], "seq": e.seq},
         )
         for e in asked
+        if (e.session_id, e.data["call_id"]) not in decided
     ]
     expired = sessions.filter(open_turn_seq__isnull=False, lease_owner__gt="", lease_expires_at__lt=now)
     stale = sessions.filter(
