@@ -10,7 +10,9 @@ the log leaves the session without driving it (drive.py). If a live worker
 of newer code can read it, the drive is handed off (the task sends the
 wake-up again, for another worker); if none can, the open turn is blocked
 `unsupported_version`, naming "event:<kind>@<version>", and waits, whole,
-for a worker that can (a retry once one runs). Nothing is read wrongly,
+for a worker that can: the sweep of a worker that reads it asks the turn
+to be driven again (readable_again), so a deploy that brings one needs no
+operator. Nothing is read wrongly,
 skipped or dropped.
 
 Each worker records its build and its catalogue's versions in its
@@ -35,7 +37,7 @@ from django.conf import settings
 
 from sessions_app import log
 from sessions_app.log import catalogue
-from sessions_app.models import WorkerProcess
+from sessions_app.models import Event, Session, WorkerProcess
 from sessions_app.runtime import failures
 
 logger = logging.getLogger(__name__)
@@ -125,3 +127,30 @@ def block(session_id: uuid.UUID, fence: log.Fence, what: str) -> None:
     reason = f"no live worker reads {what.removeprefix('event:')}: this one runs {build()}"
     data = {"reason": reason, "attempts": 0, "code": failures.UNSUPPORTED_VERSION, "what": what}
     log.append(session_id, "turn/blocked", data, fence=fence)
+
+
+# Blocked turns are few; a bounded batch per sweep round is plenty.
+READABLE_BATCH = 100
+
+
+def readable_again() -> list[str]:
+    """Open turns blocked `unsupported_version` whose log this worker now
+    reads: each gets turn/retry_requested (by this build) and is returned to
+    be woken. The check runs in the worker that will drive it, so "a live
+    worker reads it" is certain, not inferred from another's row."""
+    blocked = Session.objects.filter(open_turn_seq__isnull=False, blocked_seq__isnull=False)
+    rows = list(blocked.values_list("id", "blocked_seq", "event_versions")[:READABLE_BATCH])
+    woken: list[str] = []
+    for sid, blocked_seq, written in rows:
+        if blocked_seq is None or unreadable(written) is not None:
+            continue
+        code = Event.objects.filter(session_id=sid, seq=blocked_seq).values_list("data__code", flat=True).first()
+        if code != failures.UNSUPPORTED_VERSION:
+            continue
+        with log.locked(sid) as tx:
+            if tx.row["blocked_seq"] != blocked_seq:
+                continue  # someone retried, cancelled or abandoned it meanwhile
+            reason = f"a worker that reads its log is live: {build()}"
+            tx.append("turn/retry_requested", {"by": f"worker:{build()}", "reason": reason})
+        woken.append(str(sid))
+    return woken

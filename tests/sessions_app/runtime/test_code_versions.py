@@ -56,7 +56,7 @@ def written_versions(session: Session) -> set[str]:
     return {f"event:{k}@{v}" for k, v in (s.event_versions or {}).items()}
 
 
-def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_finishes_it(
+def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_finishes_it_unasked(
     start_worker: Any, fake_llm: Any, session: Session, newer_code: None
 ) -> None:
     fake_llm.script(Reply(text="done"))
@@ -76,8 +76,10 @@ def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_fini
 
     new = start_newer(start_worker)
     assert WorkerProcess.objects.filter(pid=new.pid, event_versions__contains=NEWER).exists()
-    operators.retry(session.id, by="ops")
+    # No operator: the newer worker's sweep finds the turn it reads and asks for it again.
     wait_for(lambda: "turn/end" in kinds(session), what="the newer worker's turn/end")
+    (asked,) = events(session, "turn/retry_requested")
+    assert asked["by"].startswith("worker:0.1.0")
     assert events(session, "turn/end") == [{"status": "completed"}]
     assert [m["content"] for m in events(session, "assistant/message")] == ["done"]
     seen = fake_llm.requests[0]["messages"]
