@@ -127,7 +127,14 @@ lint: $(STAMP)
 	SECRET_KEY=$${SECRET_KEY:-lint-only-not-a-secret} $(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
 
-bench: $(STAMP)
+# The peers bench/peers.py runs Terret against (DBOS, LangGraph): bench-only,
+# on top of the development tools, under constraints.txt so no runtime pin moves.
+BENCH_STAMP := $(VENV)/.terret-bench
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt -c constraints.txt
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	@status=0; for f in bench/*.py; do \
 		case $$f in */_*) continue ;; esac; \
 		echo "=== $$f"; $(PY) $$f || status=1; \
