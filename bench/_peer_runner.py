@@ -42,7 +42,11 @@ WIRE_TOOL = "debug__noop"  # what the bench's model server calls Terret's debug.
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": WIRE_TOOL, "description": "Does nothing.", "parameters": {"type": "object", "properties": {}}},
+        "function": {
+            "name": WIRE_TOOL,
+            "description": "Does nothing.",
+            "parameters": {"type": "object", "properties": {}},
+        },
     }
 ]
 MODEL = "bench/model"
@@ -77,7 +81,8 @@ class Model:
                         content.append(delta["content"])
                     for tc in delta.get("tool_calls") or []:
                         slot = calls.setdefault(
-                            tc.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                            tc.get("index", 0),
+                            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
                         )
                         slot["id"] = tc.get("id") or slot["id"]
                         fn = tc.get("function") or {}
@@ -100,9 +105,10 @@ def noop_tool(call: dict[str, Any]) -> str:
 
 
 Run = Callable[[str, str], Any]  # (agent id, prompt) -> final answer
+Recover = Callable[[str], Any]  # agent id -> final answer
 
 
-def build_dbos(url: str, base_url: str) -> tuple[Run, Callable[[str, str], Any], Callable[[str], Any]]:
+def build_dbos(url: str, base_url: str) -> tuple[Run, Run, Recover]:
     from dbos import DBOS, SetWorkflowID
 
     model = Model(base_url)
@@ -157,7 +163,9 @@ def _checkpointer(url: str) -> Any:
     return saver
 
 
-def build_langgraph(url: str, base_url: str, prebuilt: bool) -> tuple[Run, Callable[[str, str], Any], Callable[[str], Any]]:
+def build_langgraph(
+    url: str, base_url: str, prebuilt: bool
+) -> tuple[Run, Callable[[str, str], Any], Callable[[str], Any]]:
     saver = _checkpointer(url)
     graph: Any
     if prebuilt:
@@ -216,6 +224,12 @@ def build_langgraph(url: str, base_url: str, prebuilt: bool) -> tuple[Run, Calla
     return run, start, recover
 
 
+def _process_cpu() -> float:
+    """User + system CPU of this process since it started, its boot included."""
+    t = os.times()
+    return t.user + t.system
+
+
 def answer(payload: dict[str, Any]) -> None:
     PROTO.write(json.dumps(payload) + "\n")
     PROTO.flush()
@@ -230,7 +244,7 @@ def main() -> None:
         run, start, recover = build_langgraph(url, base_url, prebuilt=system == "prebuilt")
     if recover_id is not None:
         recover(recover_id)
-        answer({"done": time.time()})
+        answer({"done": time.time(), "cpu": _process_cpu()})
         return
     answer({"ready": True})
     for line in sys.stdin:

@@ -165,7 +165,9 @@ class WalWindow:
 
     def _parse(self, out: str) -> dict[str, float]:
         rel = re.compile(r"rel \d+/(\d+)/\d+")
-        head = re.compile(r"rmgr: (\S+)\s+len \(rec/tot\):\s+(\d+)/\s*(\d+), tx:\s+(\d+), lsn: \S+, prev \S+, desc: (.*)")
+        head = re.compile(
+            r"rmgr: (\S+)\s+len \(rec/tot\):\s+(\d+)/\s*(\d+), tx:\s+(\d+), lsn: \S+, prev \S+, desc: (.*)"
+        )
         records = []
         ours: set[str] = set()
         for line in out.splitlines():
@@ -343,7 +345,9 @@ class Terret:
         started = time.time()
         self.procs = [procfile_worker(f"peers{self.n}fresh", **self.env)]
         try:
-            return _turn_end(session.id, timeout=60) - started
+            took = _turn_end(session.id, timeout=60) - started
+            self.fresh_cpu = cpu_seconds(self.procs[0].pid)  # its boot and the turn (and a few ms after)
+            return took
         finally:
             release.set()
 
@@ -458,7 +462,9 @@ class Peer:
         started = time.time()
         self.proc = self._spawn("--recover", agent)
         try:
-            return float(self._ask()["done"]) - started
+            done = self._ask()
+            self.fresh_cpu = float(done["cpu"])
+            return float(done["done"]) - started
         finally:
             release.set()
             self.stop()
@@ -488,6 +494,8 @@ def one_round(system: Any, args: argparse.Namespace) -> dict[str, float]:
         if system.name == "terret":
             out["takeover"] = system.takeover()
         out["fresh"] = system.fresh()
+        # CPU seconds the fresh process spent until then: what its wall time would be on an idle core
+        out["fresh_cpu"] = system.fresh_cpu
     finally:
         system.stop()
     return out
@@ -507,6 +515,7 @@ def measures(args: argparse.Namespace) -> list[tuple[str, str]]:
         ],
         ("takeover", "kill -9, a live worker takes over (s)"),
         ("fresh", "kill -9, a freshly started process recovers (s)"),
+        ("fresh_cpu", "  the fresh process's CPU until then (s)"),
     ]
 
 
