@@ -114,15 +114,15 @@ def _sweep_round(first: bool) -> None:
 def warm_up() -> None:
     """Import what the first turn would otherwise import under its feet (the
     MCP SDK and its pydantic models take about half a second), so a burst of
-    turns on a fresh worker does not queue behind the import lock."""
-    warm_model_path()
+    turns on a fresh worker does not queue behind the import lock. The rest
+    was warmed at worker_init (warm_model_path)."""
     importlib.import_module("sessions_app.tools.mcp")
 
 
-def warm_model_path() -> None:
+def warm_model_path(database: bool = True) -> None:
     """What every turn's first step needs, ready before the worker takes its
-    first task: a fresh worker recovering a dead one's turns (docs/durability:
-    kill -9) would otherwise pay for it inside the first recovered turn. The
+    first task: a fresh worker recovering a dead one's turns (docs/runtime.md,
+    liveness) would otherwise pay for it inside the first recovered turn. The
     modules of the model call, the CA bundle of every thread's model client,
     and the database pool opened (its first connections made). Tens of
     milliseconds; the MCP SDK (half a second) waits for warm_up, after the
@@ -136,8 +136,9 @@ def warm_model_path() -> None:
         importlib.import_module(module)
     started = time.perf_counter()
     openai.tls_context()  # the CA bundle, loaded once for every thread's client
-    connection.ensure_connection()  # opens the pool (its min_size connections fill in the background)
-    connection.close()  # back to the pool, for the first task's thread
+    if database:
+        connection.ensure_connection()  # opens the pool (its min_size connections fill in the background)
+        connection.close()  # back to the pool, for the first task's thread
     log.info("warm-up: the model path and the database pool ready in %.0f ms", (time.perf_counter() - started) * 1000)
 
 
@@ -148,12 +149,21 @@ def _start_liveness() -> None:
         log.exception("liveness did not start; leases of this process are freed by their expiry only")
 
 
+def _forks(worker: Any) -> bool:
+    """Whether this worker's pool forks children (prefork, Celery's default):
+    their parent must not open database connections they would inherit."""
+    pool = getattr(worker, "pool_cls", None) or "prefork"
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    return "prefork" in name
+
+
 @worker_init.connect
-def _on_worker_init(**_: Any) -> None:
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
     # Before the pool takes tasks, so that every claim records the key.
     _start_liveness()
     try:
-        warm_model_path()  # before the consumer starts: the first claim finds it ready
+        # Before the consumer starts: the first claim finds it ready.
+        warm_model_path(database=not _forks(sender))
     except Exception:
         log.exception("warm-up failed; the first turn builds what it needs itself")
 
