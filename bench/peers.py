@@ -35,7 +35,8 @@ Every ratio Terret / peer is printed (below 1: Terret is ahead), and so is
 what is not equal between the systems (NOT_EQUAL).
 
 --quick: one round, fewer agents, 20 at once with a 0.2 s model: about a
-minute, figures for a smoke test only.
+minute on a quiet machine (82 s measured on a loaded one, set-up included),
+figures for a smoke test only.
 """
 
 from __future__ import annotations
@@ -522,7 +523,9 @@ def measures(args: argparse.Namespace) -> list[tuple[str, str]]:
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
     names = [s for s in SYSTEMS if s in results]
     med = {s: {k: statistics.median([r[k] for r in results[s]]) for k in results[s][0]} for s in names}
-    print(f"\nmedians of {args.rounds} round(s), loaded machine (other helpers' tests share the 2 cores):")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nmedians of {args.rounds} round(s); load average now {load} on {os.cpu_count()} cores (a loaded machine")
+    print("inflates every wall time: compare the ratios, which come from the same rounds):")
     head = f"{'measure':<58}" + "".join(f"{LABELS[s][:26]:>28}" for s in names)
     print(head)
     for key, label in measures(args):
@@ -536,12 +539,8 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace)
         t = med.get("terret", {}).get(key)
         if t is None:
             continue
-        parts = []
-        for s in names[1:]:
-            v = med[s].get(key)
-            parts.append(f"{LABELS[s]} {t / v:.2f}" if v else f"{LABELS[s]} —")
-        if parts:
-            print(f"  {label}: " + ", ".join(parts))
+        parts = [f"{LABELS[s]} {t / med[s][key]:.2f}" for s in names[1:] if med[s].get(key)]
+        print(f"  {label.strip()}: " + (", ".join(parts) or f"{_fmt(t)}, Terret only"))
     src = "pg_waldump, this database's records only" if WALDUMP else "pg_stat deltas"
     print(f"\n(commits, rows and WAL from {src})")
     print(NOT_EQUAL)
