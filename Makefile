@@ -98,7 +98,7 @@ dist: $(RUN_STAMP) .env
 	trap 'trap - INT TERM EXIT; kill $${pids[@]} 2>/dev/null; wait' INT TERM EXIT; \
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) terret_site.asgi:application & pids+=($$!); \
 	for i in $$(seq 1 $(WORKERS)); do \
-		$(VENV)/bin/celery -A terret_site worker --pool threads --concurrency 200 -Q "$$queue" \
+		$(VENV)/bin/celery -A terret_site worker --pool threads --concurrency 200 --without-mingle -Q "$$queue" \
 			-n "terret$$i@%h" --loglevel INFO & pids+=($$!); \
 	done; \
 	if [ "$$beat" != 0 ]; then $(VENV)/bin/celery -A terret_site beat --loglevel INFO & pids+=($$!); fi; \
@@ -127,7 +127,14 @@ lint: $(STAMP)
 	SECRET_KEY=$${SECRET_KEY:-lint-only-not-a-secret} $(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
 
-bench: $(STAMP)
+# The peers bench/peers.py runs Terret against (DBOS, LangGraph): bench-only,
+# on top of the development tools, under constraints.txt so no runtime pin moves.
+BENCH_STAMP := $(VENV)/.terret-bench
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt -c constraints.txt
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	@status=0; for f in bench/*.py; do \
 		case $$f in */_*) continue ;; esac; \
 		echo "=== $$f"; $(PY) $$f || status=1; \

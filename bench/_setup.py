@@ -14,8 +14,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def scratch_database(name: str) -> str:
-    """(Re)create database `name` next to DATABASE_URL and migrate it."""
+def create_database(name: str) -> str:
+    """(Re)create the empty database `name` next to DATABASE_URL; its URL."""
     base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
     parsed = urlparse(base)
     if not parsed.scheme.startswith("postgres"):
@@ -30,7 +30,12 @@ def scratch_database(name: str) -> str:
         )
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = urlunparse(parsed._replace(path=f"/{name}"))
+    return urlunparse(parsed._replace(path=f"/{name}"))
+
+
+def scratch_database(name: str) -> str:
+    """(Re)create database `name` next to DATABASE_URL and migrate it."""
+    url = create_database(name)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("SECRET_KEY", "bench-only")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "terret_site.settings")

@@ -156,7 +156,7 @@ def purge() -> None:
     from terret_site.celery import app
 
     with app.connection_for_write() as conn:
-        conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
+        conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)  # type: ignore[attr-defined]  # kombu virtual channels have it
 
 
 def make_sessions(n: int, profile_name: str, tools: list[str]) -> list[Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown, worker_shutting_down
+from celery.worker import state as worker_state
 from django.conf import settings
 from django.db import connection
 
@@ -83,11 +84,27 @@ def _sweep_loop() -> None:
             # After the first sweep, not before it: recovering a dead
             # worker's turns should not wait for imports it may not need.
             first = False
+            _wait_idle()
             try:
                 warm_up()
             except Exception:
                 log.exception("warm-up failed; the first turns import what they need themselves")
         stop.wait(settings.TERRET_SWEEP_SECONDS)
+
+
+# How long the MCP SDK's import waits for a fresh worker's first tasks.
+WARM_UP_WAIT_SECONDS = 5.0
+
+
+def _wait_idle(limit: float = WARM_UP_WAIT_SECONDS) -> None:
+    """Until this worker runs no task (at most `limit` seconds). The MCP
+    SDK's import is half a second of CPU under the GIL: started beside a
+    fresh worker's first tasks (the turns it recovers from a dead worker,
+    woken at start) it would take half of their CPU while they run."""
+    deadline = time.monotonic() + limit
+    time.sleep(0.1)  # the wake-ups sent at start reach the consumer first
+    while (worker_state.active_requests or worker_state.reserved_requests) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _sweep_round(first: bool) -> None:
@@ -97,16 +114,32 @@ def _sweep_round(first: bool) -> None:
 def warm_up() -> None:
     """Import what the first turn would otherwise import under its feet (the
     MCP SDK and its pydantic models take about half a second), so a burst of
-    turns on a fresh worker does not queue behind the import lock."""
+    turns on a fresh worker does not queue behind the import lock. The rest
+    was warmed at worker_init (warm_model_path)."""
+    importlib.import_module("sessions_app.tools.mcp")
+
+
+def warm_model_path(database: bool = True) -> None:
+    """What every turn's first step needs, ready before the worker takes its
+    first task: a fresh worker recovering a dead one's turns (docs/runtime.md,
+    liveness) would otherwise pay for it inside the first recovered turn. The
+    modules of the model call, the CA bundle of every thread's model client,
+    and the database pool opened (its first connections made). Tens of
+    milliseconds; the MCP SDK (half a second) waits for warm_up, after the
+    first sweep."""
     for module in (
         "httpcore",  # httpx imports its transport only when a client is built
         "h11",
         "encodings.idna",  # httpx, for the first URL with a host name
         "psycopg_pool",  # Django opens its pool on the first query
-        "sessions_app.tools.mcp",
     ):
         importlib.import_module(module)
+    started = time.perf_counter()
     openai.tls_context()  # the CA bundle, loaded once for every thread's client
+    if database:
+        connection.ensure_connection()  # opens the pool (its min_size connections fill in the background)
+        connection.close()  # back to the pool, for the first task's thread
+    log.info("warm-up: the model path and the database pool ready in %.0f ms", (time.perf_counter() - started) * 1000)
 
 
 def _start_liveness() -> None:
@@ -116,10 +149,23 @@ def _start_liveness() -> None:
         log.exception("liveness did not start; leases of this process are freed by their expiry only")
 
 
+def _forks(worker: Any) -> bool:
+    """Whether this worker's pool forks children (prefork, Celery's default):
+    their parent must not open database connections they would inherit."""
+    pool = getattr(worker, "pool_cls", None) or "prefork"
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    return "prefork" in name
+
+
 @worker_init.connect
-def _on_worker_init(**_: Any) -> None:
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
     # Before the pool takes tasks, so that every claim records the key.
     _start_liveness()
+    try:
+        # Before the consumer starts: the first claim finds it ready.
+        warm_model_path(database=not _forks(sender))
+    except Exception:
+        log.exception("warm-up failed; the first turn builds what it needs itself")
 
 
 @worker_process_init.connect

@@ -57,9 +57,24 @@ class Consumer(celery_consumer.Consumer):
     between attempts), so a worker could stay away for half a minute after a
     short Redis outage while the turns it should run wait. Attempts every
     half second to one second cost a refused connection each, nothing more.
-    Selected by CELERY_WORKER_CONSUMER (terret_site/settings.py)."""
+    Selected by CELERY_WORKER_CONSUMER (terret_site/settings.py).
+
+    Without `mingle`, however the worker is started: at start (and at every
+    reconnection) mingle asks the other workers for their revoked task ids
+    and logical clocks and waits a full second for their replies, before
+    the first task is taken. Terret revokes no task and reads no logical
+    clock (a drive is safe to run twice; the lease decides), so that second
+    bought nothing, and on a fresh worker recovering a dead one's turns it
+    was on the recovery path (bench/peers.py: kill -9, a freshly started
+    process recovers)."""
 
     RECONNECT = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 1.0}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # worker_options (the worker's, by keyword) are handed to every
+        # consumer step; the Mingle step reads this one to disable itself.
+        kwargs["worker_options"] = {**(kwargs.get("worker_options") or {}), "without_mingle": True}
+        super().__init__(*args, **kwargs)
 
     def ensure_connected(self, conn: Any) -> Any:
         conn.ensure_connection = functools.partial(conn.ensure_connection, **self.RECONNECT)

@@ -66,14 +66,17 @@ def worker_env(**overrides: Any) -> dict[str, str]:
 
 
 class WorkerProcess:
-    def __init__(self, *, concurrency: int = 8, name: str = "w", **env: Any) -> None:
+    # Celery's optional start-up steps, off in tests unless a test passes `flags` of its own.
+    FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
+    def __init__(self, *, concurrency: int = 8, name: str = "w", flags: tuple[str, ...] = FLAGS, **env: Any) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix=f"terret-worker-{name}-", suffix=".log", delete=False)
         queue = env.get("TERRET_QUEUE", settings.CELERY_TASK_DEFAULT_QUEUE)
         cmd = [
             sys.executable, "-m", "celery", "-A", "terret_site", "worker",
             "--pool", "threads", "--concurrency", str(concurrency), "-Q", str(queue),
             "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
+            *flags, "-l", "INFO",
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=worker_env(**env), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

@@ -9,6 +9,7 @@ model server counts requests, so a step run twice would show."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,6 +122,38 @@ def test_kill_9_of_the_only_worker_a_fresh_one_finishes_within_2s_of_being_ready
     assert took < TAKEOVER_SECONDS, f"the fresh worker finished {took:.2f}s after it was ready"
     assert_completed_once(session, answer="recovered")
     assert len(fake_llm.requests) == 2
+
+
+def test_a_fresh_worker_on_celerys_own_defaults_skips_mingle_and_is_warm_before_its_first_task(
+    start_worker: Any, fake_llm: Any, session: Session
+) -> None:
+    """A worker started with none of the --without-* flags (any deploy's own
+    command line): no mingle second at its start (terret_site/broker.py's
+    Consumer turns it off), and the model path and the database pool warmed
+    before it is ready, so the turn it recovers does not pay for them."""
+    fake_llm.script(Reply(text="this stream never finishes", hang=True), Reply(text="recovered"))
+    first = start_worker(name="a", **DEFAULT_LEASES)
+    services.inject(session.id, "talk", wake=True)
+    wait_for(lambda: len(fake_llm.requests) == 1, what="the model request")
+    time.sleep(0.3)
+    first.kill()
+
+    fresh = start_worker(name="b", flags=(), **DEFAULT_LEASES)
+    wait_for(lambda: turn_ended(session), timeout=40, what="turn/end by the fresh worker")
+    log = fresh.output()
+    assert "mingle" not in log, log[-3000:]
+    assert "Connected to" in log  # Celery's own INFO lines are there: mingle would have logged too
+    assert 0 <= log.index("warm-up: the model path") < log.index(" ready."), log[-3000:]
+    assert_completed_once(session, answer="recovered")
+    assert len(fake_llm.requests) == 2
+
+
+def test_the_procfile_and_make_dist_start_workers_without_mingle() -> None:
+    root = Path(__file__).resolve().parents[3]
+    worker = next(x for x in (root / "Procfile").read_text().splitlines() if x.startswith("worker:"))
+    assert "--without-mingle" in worker.split()
+    dist = (root / "Makefile").read_text().split("\ndist:", 1)[1]
+    assert "--without-mingle" in dist.split("worker --pool", 1)[1].split("\n", 1)[0]
 
 
 def test_a_paused_worker_whose_lease_was_taken_over_writes_only_its_spend_when_it_wakes(
