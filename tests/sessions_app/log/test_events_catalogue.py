@@ -18,6 +18,8 @@ CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
 
 # Every kind needs at least one accepted and one rejected payload here; a test
 # below fails when a kind is added to the catalogue without them.
+_SHA = "a" * 64
+
 VALID: dict[str, list[dict[str, Any]]] = {
     "user/message": [
         {"text": "hi"},
@@ -127,7 +129,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "turn/start": [
         {},
         {"by": "alice"},
-        {"version": {"number": 2, "digest": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+        {"version": {"number": 2, "digest": _SHA}},
     ],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [
@@ -218,13 +220,35 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ],
     "session/forked_to": [{"child": "c", "at_seq": 12}, {"child": "c", "at_seq": 1, "policy": "current", "by": "a"}],
     "document/written": [
-        {"name": "a.txt", "kind": "file", "scope": "conversation", "incarnation": 1, "version": 1, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "size": 0},
         {
-            "name": "s.json", "kind": "json", "scope": "task", "incarnation": 2, "version": 3, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-            "size": 9, "schema": "plan", "schema_version": 2, "migrated_from": 1, "task": "t1", "call_id": "c", "by": "a",
+            "name": "a.txt",
+            "kind": "file",
+            "scope": "conversation",
+            "incarnation": 1,
+            "version": 1,
+            "sha256": _SHA,
+            "size": 0,
+        },
+        {
+            "name": "s.json",
+            "kind": "json",
+            "scope": "task",
+            "incarnation": 2,
+            "version": 3,
+            "sha256": _SHA,
+            "size": 9,
+            "schema": "plan",
+            "schema_version": 2,
+            "migrated_from": 1,
+            "task": "t1",
+            "call_id": "c",
+            "by": "a",
         },
     ],
-    "document/retired": [{"name": "a", "incarnation": 1, "reason": "deleted"}, {"name": "a", "incarnation": 2, "reason": "task_ended", "by": "x"}],
+    "document/retired": [
+        {"name": "a", "incarnation": 1, "reason": "deleted"},
+        {"name": "a", "incarnation": 2, "reason": "task_ended", "by": "x"},
+    ],
 }
 
 INVALID: dict[str, list[Any]] = {
@@ -354,11 +378,22 @@ INVALID: dict[str, list[Any]] = {
     ],
     "session/forked_to": [{"child": "c"}, {"child": "", "at_seq": 1}, {"child": "c", "at_seq": 1, "policy": "x"}],
     "document/written": [
-        {"name": "a", "kind": "file", "scope": "conversation", "incarnation": 1, "version": 1, "sha256": "x", "size": 0},
-        {"name": "a", "kind": "file", "scope": "folder", "incarnation": 1, "version": 1, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "size": 0},
-        {"name": "", "kind": "file", "scope": "task", "incarnation": 1, "version": 1, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "size": 0},
+        {
+            "name": "a",
+            "kind": "file",
+            "scope": "conversation",
+            "incarnation": 1,
+            "version": 1,
+            "sha256": "x",
+            "size": 0,
+        },
+        {"name": "a", "kind": "file", "scope": "folder", "incarnation": 1, "version": 1, "sha256": _SHA, "size": 0},
+        {"name": "", "kind": "file", "scope": "task", "incarnation": 1, "version": 1, "sha256": _SHA, "size": 0},
     ],
-    "document/retired": [{"name": "a", "incarnation": 0, "reason": "deleted"}, {"name": "a", "incarnation": 1, "reason": "gone"}],
+    "document/retired": [
+        {"name": "a", "incarnation": 0, "reason": "deleted"},
+        {"name": "a", "incarnation": 1, "reason": "gone"},
+    ],
 }
 
 EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}
