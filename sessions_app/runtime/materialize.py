@@ -8,7 +8,7 @@ world is the journal's world: any worker on any host sees what it wrote.
 
     from sessions_app.runtime.materialize import materialized
 
-    with materialized(session_id, fence=lease.fence(), by="command") as scratch:
+    with materialized(session_id, fence=lease.fence, by="command") as scratch:
         subprocess.run(argv, cwd=scratch.path, check=False)
         scratch.checkpoint()  # optional: commit what is there so far
     # on leaving: changes committed (scratch.outcome), the directory removed
@@ -18,7 +18,8 @@ Committing compares each file with the version it was materialized from
 
 - a changed file is written through a handle naming that incarnation and
   version, so a document written or recreated meanwhile by anyone else is a
-  conflict (left as it is, named in `Outcome.conflicts`), never clobbered;
+  conflict (left as it is, named in `Outcome.conflicts` once, and not
+  tried again by later commits), never clobbered;
 - a new file is a new document (conversation scope), unless a document of
   that name appeared meanwhile (a conflict again);
 - a file removed from the directory retires its document (same handle);
@@ -77,9 +78,11 @@ class Scratch:
         """Commit what the directory holds now (see the module docstring);
         later commits compare with what this one left."""
         found = _files(self.path)
+        settled = set(self.outcome.conflicts)  # a conflict is reported once, then left alone
         for name, path in sorted(found.items()):
-            self._commit_file(name, path)
-        for name in sorted(set(self.base) - set(found)):
+            if name not in settled:
+                self._commit_file(name, path)
+        for name in sorted(set(self.base) - set(found) - settled):
             self._retire(name)
         return self.outcome
 
