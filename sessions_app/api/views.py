@@ -429,7 +429,9 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
 # ---------------------------------------------------------------- documents
 
 
-@api.get("/sessions/{session_id}/documents", response={200: DocumentsOut, **_READ_ERRORS}, tags=["documents"])
+@api.get(
+    "/sessions/{session_id}/documents", response={200: DocumentsOut, **_READ_ERRORS}, tags=["documents"], by_alias=True
+)
 def documents(request: HttpRequest, session_id: str) -> Any:
     """The session's documents (its workspace among them), each at its head:
     name, kind, scope, version, size and incarnation."""
@@ -440,6 +442,7 @@ def documents(request: HttpRequest, session_id: str) -> Any:
     "/sessions/{session_id}/documents/{path:name}",
     response={200: DocumentContentOut, **_READ_ERRORS},
     tags=["documents"],
+    by_alias=True,
 )
 def document(request: HttpRequest, session_id: str, name: str, version: int | None = None) -> Any:
     """A document's content: its head, or `version` of its live incarnation
@@ -451,6 +454,7 @@ def document(request: HttpRequest, session_id: str, name: str, version: int | No
     "/sessions/{session_id}/documents/{path:name}",
     response={200: DocumentOut, **_WRITE_ERRORS, 422: ErrorOut},
     tags=["documents"],
+    by_alias=True,
 )
 def write_document(request: HttpRequest, session_id: str, name: str, payload: DocumentIn) -> Any:
     """Write a document as the session's owner (or staff): its next version,
