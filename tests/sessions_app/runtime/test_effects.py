@@ -137,7 +137,6 @@ def assert_gapless(session: Session) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-@pytest.fixture
 def writes(session: Session, name: str) -> list[bytes]:
     """Every version of the document, oldest first: one per execution of a
     workspace.write that took effect (counted at the target, the store)."""
