@@ -73,7 +73,7 @@ async def test_the_js_client_streams_an_interrupt_and_resumes(
     assert out["finalTypes"] == ["human", "ai", "tool", "ai"]
     assert out["finalText"] == "Written."
     assert out["threadStatus"] == "idle"
-    assert document_text(out["threadId"], "notes.txt") == "from node"
+    assert await asyncio.to_thread(document_text, out["threadId"], "notes.txt") == "from node"
     assert len(fake_llm.requests) == 2
 
 
