@@ -139,6 +139,10 @@ def clean_name(name: Any) -> str:
         raise InvalidInput("path must be a non-empty string")
     if "\x00" in name:
         raise InvalidInput("path must not contain NUL bytes")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no column can store it
+        raise InvalidInput("path must be valid Unicode text (no lone surrogates)") from None
     if len(name) > MAX_NAME_CHARS:
         raise InvalidInput(f"path is longer than {MAX_NAME_CHARS} characters")
     rel = PurePosixPath(name)

@@ -122,6 +122,8 @@ def test_paths_stay_a_tree_and_kinds_are_checked(session: Session) -> None:
         documents.write(session.id, "x", b"", scope="task")
     with pytest.raises(InvalidInput, match="relative"):
         documents.write(session.id, "/etc/passwd", b"")
+    with pytest.raises(InvalidInput, match="lone surrogates"):
+        documents.write(session.id, "a\ud800", b"")
     # an unknown kind is kept as opaque bytes
     blob = documents.write(session.id, "model.bin", b"\x00\xff", kind="onnx")
     assert documents.read(session.id, "model.bin").data == b"\x00\xff" and blob.kind == "onnx"
