@@ -77,7 +77,7 @@ class Scratch:
     def checkpoint(self) -> Outcome:
         """Commit what the directory holds now (see the module docstring);
         later commits compare with what this one left."""
-        found = _files(self.path)
+        found = files_under(self.path)
         settled = set(self.outcome.conflicts)  # a conflict is reported once, then left alone
         for name, path in sorted(found.items()):
             if name not in settled:
@@ -125,7 +125,7 @@ class Scratch:
         self.outcome.retired.append(name)
 
 
-def _files(root: Path) -> dict[str, Path]:
+def files_under(root: Path) -> dict[str, Path]:
     """The regular files under root by relative POSIX path (no symlink followed)."""
     found: dict[str, Path] = {}
     for current, dirs, files in os.walk(root):  # does not descend into symlinked dirs

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sessions_app.errors import InvalidInput
+from sessions_app.errors import InvalidInput, TerretError
 from sessions_app.models import Document, DocumentVersion
 from sessions_app.runtime import documents
+from sessions_app.runtime.materialize import files_under
 from sessions_app.validation import int_in_column
 
 ENCODINGS = ("utf-8", "base64")
@@ -103,3 +106,41 @@ def write(session_id: uuid.UUID, name: Any, body: dict[str, Any], *, by: str) ->
         expect=expect,
         by=by,
     )
+
+
+# ---------------------------------------------------------------- from a directory
+
+# Left behind by the directory workspace of earlier releases: debug.charge's
+# record (not the agent's world) and the write tool's temporary files.
+NOT_IMPORTED_TOP = ("charges.log",)
+TEMP_PREFIX = ".terret-write-"
+
+
+@dataclass
+class Imported:
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def import_directory(session_id: uuid.UUID, source: Path, *, by: str = "import") -> Imported:
+    """Write each regular file under `source` (an earlier release's
+    workspace directory) as a version of the session's document of that
+    path; a file whose content is the document's head already is left, so
+    running it again writes nothing. Symlinks are not followed; a file a
+    bound or the path rules refuse is named with the reason."""
+    out = Imported()
+    for name, path in sorted(files_under(source).items()):
+        if name in NOT_IMPORTED_TOP or path.name.startswith(TEMP_PREFIX):
+            continue
+        data = path.read_bytes()
+        if documents.head_digest(session_id, name) == hashlib.sha256(data).hexdigest():
+            out.unchanged.append(name)
+            continue
+        try:
+            documents.write(session_id, name, data, by=by)
+        except TerretError as exc:
+            out.refused.append((name, str(exc)))
+            continue
+        out.written.append(name)
+    return out
