@@ -29,7 +29,7 @@ from sessions_app.models import DocumentContent, DocumentVersion, Event, Session
 from sessions_app.runtime import documents, lease
 from sessions_app.runtime.materialize import materialized
 from sessions_app.services import forks
-from tests.helpers import edit_profile
+from tests.helpers import edit_profile, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -254,7 +254,11 @@ def test_a_current_fork_sees_the_parents_documents_at_admission_exactly(session:
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        children = [forks.fork(session.id, 1, "current", user=owner) for _ in range(8)]
+        children = []
+        for _ in range(8):
+            seen_before = documents.read(session.id, "counter").info.version
+            wait_for(lambda: documents.read(session.id, "counter").info.version > seen_before, what="a write")
+            children.append(forks.fork(session.id, 1, "current", user=owner))
     finally:
         stop.set()
         thread.join(30)
@@ -312,10 +316,13 @@ def test_materialize_is_fenced_and_an_error_commits_nothing(session: Session, tm
     assert texts(session.id) == {}
     held = lease.claim(session.id)
     assert held is not None
-    stale = log.Fence(held.gen - 1, 30)
-    with pytest.raises(LeaseLost), materialized(session.id, fence=stale, root=tmp_path) as scratch:
-        (scratch.path / "late.txt").write_text("from a program that outlived its lease")
-    assert texts(session.id) == {}
-    with materialized(session.id, fence=held.fence, root=tmp_path) as scratch:
-        (scratch.path / "ok.txt").write_text("fenced")
-    assert texts(session.id) == {"ok.txt": "fenced"}
+    try:
+        stale = log.Fence(held.gen - 1, 30)
+        with pytest.raises(LeaseLost), materialized(session.id, fence=stale, root=tmp_path) as scratch:
+            (scratch.path / "late.txt").write_text("from a program that outlived its lease")
+        assert texts(session.id) == {}
+        with materialized(session.id, fence=held.fence, root=tmp_path) as scratch:
+            (scratch.path / "ok.txt").write_text("fenced")
+        assert texts(session.id) == {"ok.txt": "fenced"}
+    finally:
+        lease.keeper.drop(held)  # the keeper thread renews nothing after the test
