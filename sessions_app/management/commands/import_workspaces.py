@@ -27,6 +27,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         root = Path(settings.TERRET_WORKSPACE_ROOT)
+        wanted: list[uuid.UUID | None]
         if options["session"]:
             try:
                 wanted = [uuid.UUID(options["session"])]
