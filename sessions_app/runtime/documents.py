@@ -564,27 +564,38 @@ def copy_for_fork(parent: uuid.UUID, child: uuid.UUID, *, at_seq: int, policy: s
     conversation_at = at_seq if policy == "historical" else row_seq
     wanted += [i for i in listing(parent, at_seq=conversation_at) if i.scope == "conversation"]
     wanted += [i for i in listing(parent, at_seq=row_seq) if i.scope == "session"]
-    for info in wanted:
-        doc = Document.objects.create(
-            session_id=child,
-            name=info.name,
-            kind=info.kind,
-            scope=info.scope,
-            incarnation=info.incarnation,
-            schema=info.schema,
-            version=info.version,
-            size=info.size,
-            created_seq=1,
-        )
-        DocumentVersion.objects.create(
-            document=doc,
-            version=info.version,
-            seq=1,
-            content_id=info.sha256,
-            size=info.size,
-            schema_version=info.schema_version,
-            by="fork",
-        )
+    # Two statements however many documents: the copy holds the parent's row lock.
+    docs = Document.objects.bulk_create(
+        [
+            Document(
+                session_id=child,
+                name=info.name,
+                kind=info.kind,
+                scope=info.scope,
+                incarnation=info.incarnation,
+                schema=info.schema,
+                task=info.task,
+                version=info.version,
+                size=info.size,
+                created_seq=1,
+            )
+            for info in wanted
+        ]
+    )
+    DocumentVersion.objects.bulk_create(
+        [
+            DocumentVersion(
+                document=doc,
+                version=info.version,
+                seq=1,
+                content_id=info.sha256,
+                size=info.size,
+                schema_version=info.schema_version,
+                by="fork",
+            )
+            for doc, info in zip(docs, wanted, strict=True)
+        ]
+    )
     return len(wanted)
 
 
