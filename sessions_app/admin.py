@@ -14,10 +14,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
 
 from sessions_app import services
 from sessions_app.actions.words import compact_outcome, status_label
 from sessions_app.errors import AgentBusy, InvalidInput, NotAllowed, TerretError, UnknownSession
+from sessions_app.llm.providers import providers, unreachable
 from sessions_app.log.catalogue import CATALOGUE
 from sessions_app.models import (
     Agent,
@@ -37,6 +39,7 @@ from sessions_app.runtime.profiles import check_profile
 from sessions_app.services import operators, schedules, versions
 from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
+from sessions_app.tools.builtins import BUILTINS
 
 # The profile's tool and model configuration, and what an empty field means.
 CHECKED_FIELDS: dict[str, Any] = {
@@ -88,7 +91,69 @@ class ProfileChecks(forms.ModelForm[AgentProfile]):
         return cleaned
 
 
+def tool_choices() -> list[tuple[str, str]]:
+    """Each built-in tool as a checkbox label: its name, approval mode and replay policy."""
+    return [
+        (name, f"{name} · approval: {d.approval} · replay: {d.replay_policy} — {d.description}")
+        for name, d in sorted(BUILTINS.items())
+    ]
+
+
+def model_help() -> str:
+    """What the model field takes, and each configured provider with its key's state (read now)."""
+    shown = "; ".join(f"{'⚠ ' if p.warning else ''}{p.label()}" for p in providers())
+    return (
+        "The main role's model, e.g. demo/offline or openai/gpt-4o-mini (blank: the roles field, then "
+        f"TERRET_MODEL_MAIN, then the offline demo). Providers: {shown}."
+    )
+
+
+class ModelInput(forms.TextInput):
+    """A text box with the configured providers' models as suggestions."""
+
+    def __init__(self) -> None:
+        super().__init__(attrs={"list": "profile-models", "size": 40})
+
+    def render(self, name: str, value: Any, attrs: Any = None, renderer: Any = None) -> Any:
+        options = format_html_join("", '<option value="{}">', ((spec,) for p in providers() for spec in p.examples))
+        box = super().render(name, value, attrs, renderer)
+        return format_html('{}<datalist id="profile-models">{}</datalist>', box, options)
+
+
+class ToolChoices(forms.MultipleChoiceField):
+    def valid_value(self, value: Any) -> bool:
+        return True  # an unknown name gets check_profile's error, which lists the known ones
+
+
 class AgentProfileForm(ProfileChecks):
+    # Tool checkboxes from the registry (approval mode and replay policy in each label) instead of raw JSON.
+    builtin_tools = ToolChoices(
+        choices=tool_choices,
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        label="Built-in tools",
+        help_text="Tick the tools this profile's agents may call. approval: never runs without asking, policy asks "
+        "before a mutating call unless the allow-list allows it, always asks; replay: what a resume does with a "
+        "call whose outcome was not recorded (safe: runs it again, reconcile: asks the target, never: an operator "
+        "decides).",
+    )
+    main_model = forms.CharField(max_length=200, required=False, label="Model (main role)", widget=ModelInput())
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "main_model" in self.fields:
+            self.fields["main_model"].help_text = model_help()  # read now: the key may have been set since start-up
+            if self.instance.pk is not None and not self.is_bound:
+                self.initial["main_model"] = (self.instance.roles or {}).get("main", "")
+        tools = self.fields.get("builtin_tools")
+        if isinstance(tools, ToolChoices):
+            gone = [t for t in self.instance.builtin_tools or [] if isinstance(t, str) and t not in BUILTINS]
+            # A tool a deploy removed stays visible (ticked) so the profile's owner sees it and unticks it.
+            tools.choices = [*tool_choices(), *((t, f"{t} · not in this code any more") for t in gone)]
+
+    def clean_main_model(self) -> str:
+        return str(self.cleaned_data.get("main_model") or "").strip()
+
     class Meta:
         model = AgentProfile
         fields = [
@@ -139,10 +204,28 @@ class AgentProfileForm(ProfileChecks):
             "(turn/stalled, /ops/), or reported and cancelled.",
             "on_expiry": "When a request's deadline passes: deny the call (the model is told it expired), or "
             "leave it parked and escalate it.",
+            # Every JSON field says what it holds, with an example.
+            "roles": 'A model per role; the Model field above sets main. Example: {"titler": "openai/gpt-4o-mini", '
+            '"compactor": "openai/gpt-4o-mini"}. The roles: main, titler, compactor. Empty: {}.',
+            "mcp_servers": "MCP servers whose tools this profile offers (named mcp.<server>.<tool>). Example: "
+            '[{"name": "time", "command": "python", "args": ["-m", "mcp_server_time"], "env": {}}]. Empty: [].',
+            "allow_floor": "Allow-list glob patterns in force until a session updates its policy; a tool no "
+            'pattern matches is vetoed. Example: ["clock.*", "workspace.*", "mcp.time.*"]. Left empty, it '
+            "becomes the ticked tools (and mcp.<server>.* for each MCP server).",
+            "approvals": "Overrides of a tool's approval mode. Example: "
+            '{"workspace.write": "always", "debug.charge": {"mode": "always", "approval_deadline_s": 600}}. '
+            "Modes: never, policy, always. Empty: {}.",
+            "context_windows": 'Context window in tokens per model role. Example: {"main": 128000}. Empty: {} '
+            "(none declared; one may be learned from a provider's refusal).",
+            "image_roles": 'Model roles whose model accepts images. Example: ["main"]. Empty: [] (tool images go '
+            "to every role as a text description).",
         }
 
     def clean(self) -> dict[str, Any]:
         cleaned: dict[str, Any] = super().clean() or {}
+        main = cleaned.get("main_model")
+        if main and isinstance(cleaned.get("roles"), dict):
+            cleaned["roles"] = {**cleaned["roles"], "main": main}
         for name in ("daily_cost_usd", "daily_tokens", "daily_steps", "daily_turns"):
             value = cleaned.get(name)
             if value is not None and value < 0:
@@ -211,12 +294,28 @@ class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
         )
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        if issubclass(form, ProfileChecks):
-            return form
-        # Another app gave this admin a form of its own (policies_app/admin.py
-        # checks the allow floor): keep its checks and these.
-        return type(form.__name__, (ProfileChecks, form), {"__module__": form.__module__})
+        base: Any = self.form
+        if not issubclass(base, AgentProfileForm):
+            # Another app gave this admin a form of its own (policies_app/admin.py
+            # checks the allow floor): keep its checks and these, help texts and fields included.
+            base = type(base.__name__, (AgentProfileForm, base), {"__module__": base.__module__})
+        return super().get_form(request, obj, change, **{"form": base, **kwargs})
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The model right under the roles it sets; any other form field after the one it is about."""
+        found = list(super().get_fields(request, obj))
+        fields = [f for f in found if f not in ("main_model", "confirm_floor")]
+        fields.insert(fields.index("roles"), "main_model")
+        if "confirm_floor" in found:
+            fields.insert(fields.index("allow_floor") + 1, "confirm_floor")
+        return fields
+
+    def save_model(self, request: HttpRequest, obj: AgentProfile, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        main = (obj.roles or {}).get("main")
+        problem = unreachable(str(main)) if main else None
+        if problem:  # saved, but said now rather than when the first turn fails on it
+            self.message_user(request, f"Saved, but {problem}.", messages.WARNING)
 
 
 @admin.register(Agent)

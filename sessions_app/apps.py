@@ -18,7 +18,6 @@ class SessionsAppConfig(AppConfig):
         from sessions_app.services.post_turn import post_turn
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)
-        codever.apply_test_release()  # the rolling-deploy drill's next release (TESTING only)
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()

@@ -10,6 +10,7 @@ from django.urls import re_path
 from approvals_app.consumers import ApprovalsConsumer
 from sessions_app.live.paths import ROUTES
 from sessions_app.sockets.session import SessionConsumer
+from sessions_app.web.console_socket import ConsoleConsumer
 from sessions_app.web.dashboard_socket import DashboardConsumer
 from sessions_app.web.page_socket import ChatPageConsumer
 
@@ -18,6 +19,7 @@ CONSUMERS: dict[str, Any] = {
     "chat": ChatPageConsumer,
     "approvals": ApprovalsConsumer,
     "dashboard": DashboardConsumer,
+    "console": ConsoleConsumer,
 }
 
 websocket_urlpatterns: list[Any] = [

@@ -316,12 +316,13 @@ def _venv_bin(name: str) -> list[str]:
 class AppProcess:
     """One daphne or Celery worker process, its output in a file."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], logdir: Path, cwd: Path = ROOT) -> None:
+        """`cwd`: the code tree it runs (another release's, in the rolling-deploy drill)."""
         self.name = name
         self.logfile = logdir / f"{name}.log"
         self._log = open(self.logfile, "wb")
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     @property

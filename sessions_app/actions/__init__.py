@@ -37,7 +37,9 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - forks.py: fork, edit_and_resend, regenerate
 - documents.py: documents, document (view), write_document (drive)
 - operators.py: attention, suspend, resume, session_action (staff: retry,
-  abandon, revoke, restore)
+  abandon, revoke, restore); the live fleet view: fleet (running now, the
+  session table), decide_approval (the reviewers' verb, logged with its
+  actor), free_held, timeline
 - notifications.py: notification_settings, set_notification_settings (the
   signed-in person's own; no session)
 - versions.py: upgrade (owner or staff, through the pre-flight),
@@ -69,12 +71,23 @@ from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.notifications import notification_settings, set_notification_settings
-from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
+from sessions_app.actions.operators import (
+    SESSION_ACTIONS,
+    attention,
+    decide_approval,
+    fleet,
+    free_held,
+    resume,
+    session_action,
+    suspend,
+    timeline,
+)
 from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
 from sessions_app.actions.sessions import (
     archive,
     cancel,
+    chat_rows,
     compact,
     create_session,
     events,
@@ -112,16 +125,20 @@ __all__ = [
     "by",
     "cancel",
     "cancel_schedule",
+    "chat_rows",
     "compact",
     "create_schedule",
     "create_session",
     "decide",
+    "decide_approval",
     "document",
     "documents",
     "edit_and_resend",
     "effects",
     "events",
+    "fleet",
     "fork",
+    "free_held",
     "head",
     "health",
     "inject",
@@ -152,6 +169,7 @@ __all__ = [
     "set_policy",
     "socket_access",
     "suspend",
+    "timeline",
     "unarchive",
     "upgrade",
     "upgrade_profile",

@@ -13,7 +13,8 @@ from approvals_app import selectors as approvals
 from sessions_app import services
 from sessions_app.actions.access import by, session_for
 from sessions_app.errors import InvalidInput, UnknownSession
-from sessions_app.log.reads import blocked_info, events_page, stalled_since, usage, waiting_info
+from sessions_app.llm.providers import unreachable
+from sessions_app.log.reads import blocked_info, events_page, rows_before, stalled_since, usage, waiting_info
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
@@ -162,6 +163,13 @@ def events(user: Any, session_id: Any, after: int, limit: int) -> EventsPage:
     return EventsPage(page, last_seq, tail if tail < last_seq else None)
 
 
+def chat_rows(session: Session, *, before: int | None, upto: int, limit: int) -> list[tuple[int, str, Any, Any]]:
+    """The chat page's rows of a session its caller may view (session_for
+    found it): the `limit` events before `before` (or up to `upto`), oldest
+    first, each payload lifted to the catalogue's version (log.reads.rows_before)."""
+    return rows_before(session.id, before=before, upto=upto, limit=limit)
+
+
 @dataclass(frozen=True)
 class Cancelled:
     """`cancelled`: a turn was open; `closed`: it has already ended (no worker
@@ -246,7 +254,12 @@ class ModelRole:
 
 
 def set_model(user: Any, session_id: Any, role: str, spec: str) -> ModelRole:
+    """Repoint a role; a model no provider can reach (no API key) is refused
+    here, before a turn fails on it with a transport error."""
     session = session_for(user, session_id, "drive")
+    problem = unreachable(spec) if isinstance(spec, str) and spec.strip() else None
+    if problem:
+        raise InvalidInput(problem)
     event = services.set_model(session.id, role, spec, by=by(user))
     return ModelRole(event.data["role"], event.data["spec"], event.seq)
 

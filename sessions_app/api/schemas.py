@@ -474,7 +474,7 @@ class AttentionOut(Schema):
         "effects_audit: what the sweep's effect audit found, detail {problems, found, audited_seq}, "
         "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress, "
         "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
-        "pinned_version, what, reason}), "
+        'pinned_version, what, reason; waiting: "input" for idle input no live worker can read}), '
         "each at most 200"
     )
     counts: dict[str, int]

@@ -21,6 +21,8 @@ ROUTES: dict[str, str] = {
     "approvals": r"^ws/approvals/?$",
     # The dashboard (web/dashboard_socket.py).
     "dashboard": r"^ws/dashboard/?$",
+    # The operators' console, a live fleet view (web/console_socket.py).
+    "console": r"^ws/ops/?$",
 }
 
 

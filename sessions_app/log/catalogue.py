@@ -73,6 +73,10 @@ def _obj(props: Json, required: list[str] | None = None) -> Json:
 
 
 _VERSION = _obj({"number": _SEQ, "digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}, ["number", "digest"])
+# session/upgraded's `from` and `to`: digest null only in an event lifted from version 1, which had none.
+_VERSION_REF = _obj(
+    {"number": _SEQ, "digest": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"}}, ["number", "digest"]
+)
 
 
 _BUDGET_REASON = _obj(
@@ -605,12 +609,18 @@ CATALOGUE: dict[str, Kind] = {
         ),
         Kind(
             "session/upgraded",
-            _obj({"from": {"type": ["integer", "null"]}, "to": _SEQ, "by": _NONEMPTY}, ["from", "to", "by"]),
+            _obj(
+                {"from": {"oneOf": [_VERSION_REF, {"type": "null"}]}, "to": _VERSION_REF, "by": _NONEMPTY},
+                ["from", "to", "by"],
+            ),
             False,
-            "The session moves from agent version `from` to `to`: at a turn's opening by the profile's "
+            "The session moves from agent version `from` to `to`, each `{number, digest}` as turn/start's "
+            "`version` names it (`from` null: the session had none): at a turn's opening by the profile's "
             'upgrade_policy (`by` "policy"), or by an owner or operator (`by` names them; an open turn, '
-            "parked or blocked, goes on under `to` after the pre-flight found nothing it would strand).",
-            lambda d: [("agent_version = %s", [d["to"]])],
+            "parked or blocked, goes on under `to` after the pre-flight found nothing it would strand). "
+            "Version 1 held the bare numbers; read lifted, its digests are null (log/upcasters.py).",
+            lambda d: [("agent_version = %s", [d["to"]["number"]])],
+            version=2,
         ),
         Kind(
             "session/suspended",

@@ -19,7 +19,7 @@ from sessions_app.log import backends
 from sessions_app.log.catalogue import MODEL_ROLES, MODEL_VISIBLE
 from sessions_app.log.records import Intake, LoggedEvent
 from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE
-from sessions_app.log.upcasters import lift
+from sessions_app.log.upcasters import lift, lift_shown, shown_raw
 from sessions_app.models import Agent, Event, Session
 
 EVENT_PAGE_MAX = 1000
@@ -352,8 +352,8 @@ def read_max_bytes() -> int:
 # A fixed statement (prepared on PostgreSQL), so the hub's read on every
 # commit hint costs what it did before the byte bound: no ORM compile.
 _PAGE_SQL = (
-    "SELECT seq, kind, raw, created_at FROM ("
-    "SELECT seq, kind, CAST(data AS TEXT) AS raw, created_at,"
+    "SELECT seq, kind, raw, created_at, version FROM ("
+    "SELECT seq, kind, CAST(data AS TEXT) AS raw, created_at, version,"
     " SUM(LENGTH(CAST(data AS TEXT))) OVER (ORDER BY seq) - LENGTH(CAST(data AS TEXT)) AS before"
     f" FROM {EVENT_TABLE} WHERE session_id = %s AND seq > %s AND seq <= %s"
     ") w WHERE before < %s ORDER BY seq"
@@ -384,7 +384,9 @@ def _rows(session_id: uuid.UUID, after: int, limit: int) -> Page:
         if page and total > budget:
             page.cut = True
             break
-        page.append((int(row["seq"]), row["kind"], raw, _at(row["created_at"])))
+        # Every door that reads pages (the API, the socket, /lg/'s stream) sees
+        # the payload lifted to the catalogue's version; the stored text when current.
+        page.append((int(row["seq"]), row["kind"], shown_raw(row["kind"], row["version"], raw), _at(row["created_at"])))
     if total >= budget:
         # Rows past the bound were dropped only when those before them reached it
         # (a character is at least a byte): then more may follow.
@@ -433,8 +435,20 @@ def newest_window(session_id: uuid.UUID, kinds: Any, upto: int | None, limit: in
         oldest = seq
     if oldest is None:
         return []
-    rows = list(qs.filter(seq__gte=oldest).order_by("seq").values_list("seq", "kind", "data", "created_at"))
-    return rows
+    rows = qs.filter(seq__gte=oldest).order_by("seq").values_list("seq", "kind", "data", "created_at", "version")
+    return [(seq, kind, lift_shown(kind, version, data), at) for seq, kind, data, at, version in rows]
+
+
+def rows_before(
+    session_id: uuid.UUID, *, before: int | None, upto: int, limit: int
+) -> list[tuple[int, str, Any, datetime]]:
+    """The `limit` events before `before` (or up to `upto`), oldest first, as
+    (seq, kind, data lifted to the catalogue's version, created_at): the chat page's rows."""
+    qs = Event.objects.filter(session_id=session_id)
+    qs = qs.filter(seq__lt=before) if before is not None else qs.filter(seq__lte=upto)
+    rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at", "version")[:limit])
+    rows.reverse()
+    return [(seq, kind, lift_shown(kind, version, data), at) for seq, kind, data, at, version in rows]
 
 
 def more_follow(rows: list[Any], limit: int) -> bool:

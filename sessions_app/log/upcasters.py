@@ -14,6 +14,7 @@ which is every row until some kind's version moves.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,7 @@ from sessions_app.log import catalogue
 Json = dict[str, Any]
 Upcaster = Callable[[Json], Json]
 
-# (kind, from_version) -> the step to from_version + 1. Empty while every
-# kind is at version 1.
+# (kind, from_version) -> the step to from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
@@ -60,6 +60,26 @@ def lift(kind: str, version: int, data: Json) -> Json:
     return data
 
 
+def lift_shown(kind: str, version: int, data: Json) -> Json:
+    """`lift` for a reader that shows events (the API, the socket, the chat
+    page, /lg/): an event newer than this code reads (a web process of the
+    previous release mid-deploy) is shown as stored, not refused; only a
+    driver must not act on what it cannot read (runtime/codever.py)."""
+    try:
+        return lift(kind, version, data)
+    except CannotLift:
+        return data
+
+
+def shown_raw(kind: str, version: int, raw: str) -> str:
+    """A stored payload's JSON text as `lift_shown` reads it: the text itself
+    (no parse) when the row is at its kind's current version."""
+    spec = catalogue.CATALOGUE.get(kind)
+    if version == (spec.version if spec is not None else 1):
+        return raw
+    return json.dumps(lift_shown(kind, version, json.loads(raw)), separators=(",", ":"))
+
+
 def missing_steps() -> list[str]:
     """Steps the catalogue's versions need that nobody registered (for a test)."""
     return [
@@ -68,3 +88,16 @@ def missing_steps() -> list[str]:
         for step in range(1, spec.version)
         if (name, step) not in UPCASTERS
     ]
+
+
+@upcaster("session/upgraded", 1)
+def _upgraded_names_versions(data: Json) -> Json:
+    """Version 1 named the versions by number only; 2 names each as
+    {number, digest} (turn/start's `version`). Version 1 kept no digest, so
+    the lifted one is null: "not recorded", never a guess."""
+    before = data.get("from")
+    return {
+        **data,
+        "from": None if before is None else {"number": before, "digest": None},
+        "to": {"number": data["to"], "digest": None},
+    }

@@ -10,7 +10,9 @@ the log leaves the session without driving it (drive.py). If a live worker
 of newer code can read it, the drive is handed off (the task sends the
 wake-up again, for another worker); if none can, the open turn is blocked
 `unsupported_version`, naming "event:<kind>@<version>", and waits, whole,
-for a worker that can (a retry once one runs). Nothing is read wrongly,
+for a worker that can: the sweep of a worker that reads it asks the turn
+to be driven again (readable_again), so a deploy that brings one needs no
+operator. Nothing is read wrongly,
 skipped or dropped.
 
 Each worker records its build and its catalogue's versions in its
@@ -34,10 +36,9 @@ from typing import Any
 from django.conf import settings
 
 from sessions_app import log
-from sessions_app.log import catalogue, upcasters
-from sessions_app.models import WorkerProcess
+from sessions_app.log import catalogue
+from sessions_app.models import Event, Session, WorkerProcess
 from sessions_app.runtime import failures
-from sessions_app.tools.builtins import BUILTINS
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +46,6 @@ logger = logging.getLogger(__name__)
 # own, to play an older or newer release (honoured only under TESTING).
 TEST_VERSIONS_ENV = "TERRET_TEST_EVENT_VERSIONS"
 BUILD_ENV = "TERRET_BUILD"
-# Test-only: "next" plays the release after this one in the rolling-deploy
-# drill (tests/chaos/test_rolling_deploy.py): step/start at version 2 with
-# its upcaster from 1, and clock.now gone from the built-in tools.
-TEST_RELEASE_ENV = "TERRET_TEST_RELEASE"
-NEXT_RELEASE_KIND = "step/start"
-NEXT_RELEASE_DROPS = "clock.now"
 
 
 @functools.cache
@@ -104,30 +99,12 @@ def apply_test_versions() -> None:
         catalogue.CATALOGUE[kind] = replace(catalogue.CATALOGUE[kind], version=int(version))
 
 
-def apply_test_release() -> None:
-    """Under TESTING only, with TERRET_TEST_RELEASE=next: this process plays
-    the next release (a changed event version and a changed tool set)."""
-    if os.environ.get(TEST_RELEASE_ENV, "") != "next" or not settings.TESTING:
-        return
-    spec = catalogue.CATALOGUE[NEXT_RELEASE_KIND]
-    catalogue.CATALOGUE[NEXT_RELEASE_KIND] = replace(spec, version=2)
-    if (NEXT_RELEASE_KIND, 1) not in upcasters.UPCASTERS:
-        upcasters.upcaster(NEXT_RELEASE_KIND, 1)(_step_start_v2)
-    BUILTINS.pop(NEXT_RELEASE_DROPS, None)
-
-
-def _step_start_v2(data: dict[str, Any]) -> dict[str, Any]:
-    # The drill's version step keeps the payload's shape: what it exercises is
-    # the version gate and the read path through an upcaster, not a new field.
-    return dict(data)
-
-
 def registration() -> tuple[str, str]:
     """What the WorkerProcess row records: (build, the event versions it reads as JSON)."""
     return build(), json.dumps(catalogue.versions(), separators=(",", ":"), sort_keys=True)
 
 
-def _written(value: dict[str, Any] | str | None) -> dict[str, int] | None:
+def written_versions(value: dict[str, Any] | str | None) -> dict[str, int] | None:
     """Session.event_versions as a claim's row holds it (SQLite hands the JSON back as text)."""
     found: dict[str, Any] | None = json.loads(value) if isinstance(value, str) else value
     return {str(k): int(v) for k, v in found.items()} if found else None
@@ -135,12 +112,12 @@ def _written(value: dict[str, Any] | str | None) -> dict[str, int] | None:
 
 def unreadable(written: dict[str, Any] | str | None) -> str | None:
     """ "event:<kind>@<version>" for a version in the log this code cannot read; None: it reads them all."""
-    return catalogue.unreadable(_written(written))
+    return catalogue.unreadable(written_versions(written))
 
 
 def capable_worker(written: dict[str, Any] | str | None) -> bool:
     """Whether some live worker process reads every version in `written`."""
-    versions = _written(written)
+    versions = written_versions(written)
     reads = WorkerProcess.objects.values_list("event_versions", flat=True)
     return any(catalogue.unreadable(versions, dict(r or {})) is None for r in reads)
 
@@ -150,3 +127,30 @@ def block(session_id: uuid.UUID, fence: log.Fence, what: str) -> None:
     reason = f"no live worker reads {what.removeprefix('event:')}: this one runs {build()}"
     data = {"reason": reason, "attempts": 0, "code": failures.UNSUPPORTED_VERSION, "what": what}
     log.append(session_id, "turn/blocked", data, fence=fence)
+
+
+# Blocked turns are few; a bounded batch per sweep round is plenty.
+READABLE_BATCH = 100
+
+
+def readable_again() -> list[str]:
+    """Open turns blocked `unsupported_version` whose log this worker now
+    reads: each gets turn/retry_requested (by this build) and is returned to
+    be woken. The check runs in the worker that will drive it, so "a live
+    worker reads it" is certain, not inferred from another's row."""
+    blocked = Session.objects.filter(open_turn_seq__isnull=False, blocked_seq__isnull=False)
+    rows = list(blocked.values_list("id", "blocked_seq", "event_versions")[:READABLE_BATCH])
+    woken: list[str] = []
+    for sid, blocked_seq, written in rows:
+        if blocked_seq is None or unreadable(written) is not None:
+            continue
+        code = Event.objects.filter(session_id=sid, seq=blocked_seq).values_list("data__code", flat=True).first()
+        if code != failures.UNSUPPORTED_VERSION:
+            continue
+        with log.locked(sid) as tx:
+            if tx.row["blocked_seq"] != blocked_seq:
+                continue  # someone retried, cancelled or abandoned it meanwhile
+            reason = f"a worker that reads its log is live: {build()}"
+            tx.append("turn/retry_requested", {"by": f"worker:{build()}", "reason": reason})
+        woken.append(str(sid))
+    return woken

@@ -47,7 +47,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import counters, effects, progress, registry
+from sessions_app.runtime import codever, counters, effects, progress, registry
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("sweep", lambda: sweep(at_start=at_start)),
         ("offering held input", held),
         ("offering owed follow-ups", owed),
+        ("re-driving turns this code reads again", codever.readable_again),
         ("reaping idle agents", _reap),
         ("offering agent slots", registry.offer_slots),
         ("reporting stalled turns", progress.report_stalls),

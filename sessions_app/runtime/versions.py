@@ -168,6 +168,19 @@ def profile_at(live: AgentProfile, number: int | None) -> AgentProfile:
     return profile
 
 
+def upgraded(profile_id: int, previous: int | None, target: Version, by: str) -> dict[str, Any]:
+    """session/upgraded's payload: `from` and `to` as {number, digest}, the
+    digests naming the exact definitions (a number alone is only an index
+    into the profile's versions). A `from` whose version is gone keeps its
+    number and a null digest."""
+    before = get(profile_id, previous) if previous is not None else None
+    if before is not None:
+        source: dict[str, Any] | None = before.ref()
+    else:
+        source = None if previous is None else {"number": previous, "digest": None}
+    return {"from": source, "to": target.ref(), "by": by}
+
+
 # -- a turn's opening -----------------------------------------------------------
 
 
@@ -182,7 +195,7 @@ class Opening:
         """session/upgraded when the opening moves the session (by policy)."""
         if self.version is None or self.previous is None or self.version.number == self.previous:
             return []
-        return [("session/upgraded", {"from": self.previous, "to": self.version.number, "by": "policy"})]
+        return [("session/upgraded", upgraded(self.version.profile_id, self.previous, self.version, "policy"))]
 
     def stamp(self, data: dict[str, Any]) -> dict[str, Any]:
         """turn/start's payload with the version it opens on."""

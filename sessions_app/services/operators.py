@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import InvalidInput, NotAbandonable, UnknownSession
+from sessions_app.log import catalogue
 from sessions_app.log.reads import stalled_since, turn_events
 from sessions_app.models import (
     AgentProfile,
@@ -35,12 +36,14 @@ from sessions_app.models import (
     OperatorAction,
     Session,
     Suspension,
+    WorkerProcess,
 )
-from sessions_app.runtime import dispatch, limits
+from sessions_app.runtime import codever, dispatch, limits
 from sessions_app.runtime.closing import closing_entries
+from sessions_app.runtime.failures import UNSUPPORTED_VERSION
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
-from sessions_app.services import inputs, schedules
+from sessions_app.services import budgets, inputs, schedules
 from sessions_app.tools.builtins import BUILTINS
 
 SCOPES = ("global", "profile", "session")
@@ -156,6 +159,55 @@ def restore(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
         _record(by, "restore", "session", str(tx.session_id), reason)
 
 
+def free_held(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> str:
+    """Free a session's held input in the one way that applies to this
+    session alone: lift its own suspension, or its own exhausted budget (a
+    budget/updated with no limits, by the operator). A hold by a profile's or
+    the installation's suspension or daily budget is not one session's to lift:
+    InvalidInput names what to do instead. Returns what was done."""
+    _, _, reason = check_action("session", str(session_id), reason)
+    session = Session.objects.select_related("profile").get(id=session_id)
+    if session.held_seq is None:
+        raise InvalidInput("this session holds no input")
+    if session.suspended_seq is not None:
+        resume("session", str(session.id), by=by, reason=reason)
+        return "resumed the session"
+    over = limits.check(session.id, session.profile, opening=True)
+    if over is not None and over.scope == "session":
+        with transaction.atomic():
+            budgets.set_budget(session.id, {}, by=by)
+            _record(by, "free", "session", str(session.id), reason or f"lifted the session's budget ({over.message})")
+        return "lifted the session's budget"
+    if over is not None:
+        raise InvalidInput(f"held by the {over.message}: raise that budget (the profile in the admin, or the settings)")
+    hold = limits.hold_of(session.profile, suspended=False)
+    if hold is not None:
+        raise InvalidInput(f"held by the {hold.scope} suspension: resume that scope")
+    with transaction.atomic():
+        dispatch.wake(session.id)  # nothing holds it any more: its drive takes the input
+        _record(by, "free", "session", str(session.id), reason or "nothing held it any more: woken")
+    return "woke the session"
+
+
+def record_decision(by: str, session_id: uuid.UUID | str, verdict: str, call_id: str, reason: str) -> None:
+    """An approval decided on the operators' console, in the operators' log
+    too (the approval/resolved event in the session's log names the reviewer)."""
+    _record(by, verdict, "session", str(session_id), f"{call_id}: {reason}" if reason else call_id)
+
+
+def held_reasons(session_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Each session's latest input/held reason (one bounded read)."""
+    rows = (
+        Event.objects.filter(session_id__in=session_ids, kind="input/held")
+        .order_by("session_id", "-seq")
+        .values_list("session_id", "data")
+    )
+    out: dict[uuid.UUID, str] = {}
+    for sid, data in rows[: len(session_ids) * 4]:
+        out.setdefault(sid, str((data or {}).get("text") or "held"))
+    return out
+
+
 # ---------------------------------------------------------------- what needs a human (a selector)
 
 
@@ -222,13 +274,15 @@ def attention() -> dict[str, list[Item]]:
         "last_event_at",
         lambda s: {"revoked_seq": s.revoked_seq},
     )
+    held = list(sessions.filter(held_seq__isnull=False).order_by("last_event_at")[:ATTENTION_LIMIT])
+    why = held_reasons([s.id for s in held])
     out["held_input"] = of(
-        sessions.filter(held_seq__isnull=False).order_by("last_event_at"),
+        held,
         "held_input",
         "last_event_at",
-        lambda s: {"held_seq": s.held_seq},
+        lambda s: {"held_seq": s.held_seq, "why": why.get(s.id, "held"), "suspended": s.suspended_seq is not None},
     )
-    asked = (
+    asked = list(
         Event.objects.filter(
             kind="approval/requested",
             session__pending_approvals__gt=0,
@@ -237,6 +291,14 @@ def attention() -> dict[str, list[Item]]:
         )
         .select_related("session")
         .order_by("created_at")[:ATTENTION_LIMIT]
+    )
+    # A call decided already (its approval/resolved is in the open turn) waits no more, while another may.
+    decided = set(
+        Event.objects.filter(
+            kind="approval/resolved",
+            session_id__in={e.session_id for e in asked},
+            seq__gte=F("session__open_turn_seq"),
+        ).values_list("session_id", "data__call_id")
     )
     out["approvals"] = [
         Item(
@@ -247,6 +309,7 @@ def attention() -> dict[str, list[Item]]:
             {"call_id": e.data["call_id"], "tool": e.data["name"], "seq": e.seq},
         )
         for e in asked
+        if (e.session_id, e.data["call_id"]) not in decided
     ]
     expired = sessions.filter(open_turn_seq__isnull=False, lease_owner__gt="", lease_expires_at__lt=now)
     stale = sessions.filter(
@@ -302,7 +365,7 @@ def attention() -> dict[str, list[Item]]:
 
 
 # turn/blocked codes that only an upgrade, the code's return or an abandon moves on.
-STRANDED_CODES = ("definition_missing", "unsupported_version")
+STRANDED_CODES = ("definition_missing", UNSUPPORTED_VERSION)
 
 
 def _stranded() -> list[Item]:
@@ -330,8 +393,51 @@ def _stranded() -> list[Item]:
         )
         for e in blocked
     ]
+    items += _input_unread()[: ATTENTION_LIMIT - len(items)]
     seen = {item.session_id for item in items}
     return items + [i for i in _pinned_without_tools() if i.session_id not in seen][: ATTENTION_LIMIT - len(items)]
+
+
+def _input_unread() -> list[Item]:
+    """Idle sessions with input waiting for a turn whose log holds an event
+    version no live worker reads: no turn is open to block, so the drive
+    writes nothing (runtime/drive.py) and the state is read here, from the
+    session row and the WorkerProcess rows. The listing clears itself once
+    a worker that reads the log registers, and the sweep (owed) wakes the
+    session for it. Two statements, like the sweep's, each on its own index."""
+    idle = Session.objects.filter(
+        open_turn_seq__isnull=True,
+        event_versions__isnull=False,
+        held_seq__isnull=True,
+        suspended_seq__isnull=True,
+        revoked_seq__isnull=True,
+    )
+    fields = ("id", "title", "event_versions", "last_event_at")
+    rows = list(idle.filter(queued_follow_ups__gt=0).values_list(*fields)[:ATTENTION_LIMIT])
+    woken = idle.filter(woken_steers__gt=0, last_input_seq__gt=F("inbox_seq"))
+    rows += [r for r in woken.values_list(*fields)[:ATTENTION_LIMIT] if r[0] not in {x[0] for x in rows}]
+    if not rows:
+        return []
+    # With no worker registered (the embedded worker of a single process
+    # registers none), the reader is this process's own code.
+    reads = [dict(r or {}) for r in WorkerProcess.objects.values_list("event_versions", flat=True)]
+    reads = reads or [catalogue.versions()]
+    items: list[Item] = []
+    for session_id, title, written, at in sorted(rows, key=lambda r: r[3] or timezone.now()):
+        what = _unread_by_all(codever.written_versions(written), reads)
+        if what is None:
+            continue
+        reason = f"input waits for a turn, and no live worker reads {what.removeprefix('event:')}"
+        detail = {"code": UNSUPPORTED_VERSION, "what": what, "reason": reason, "waiting": "input"}
+        items.append(Item("stranded", str(session_id), title or str(session_id), at, detail))
+    return items[:ATTENTION_LIMIT]
+
+
+def _unread_by_all(written: dict[str, int] | None, reads: list[dict[str, int]]) -> str | None:
+    """The first "event:<kind>@<version>" of `written` that keeps each reader
+    of `reads` out; None when some reader reads all of it."""
+    found = [catalogue.unreadable(written, r) for r in reads]
+    return None if None in found else found[0]
 
 
 def _pinned_without_tools() -> list[Item]:

@@ -48,7 +48,7 @@ def version_of(session: Session) -> SessionVersion | None:
 
 def upgrade(session_id: uuid.UUID | str, to: int | None, *, by: str) -> versions.Version:
     """Move the session to version `to` of its profile (None: the newest):
-    session/upgraded {from, to, by}. An open turn (parked, blocked, waiting
+    session/upgraded {from, to, by} (versions.upgraded). An open turn (parked, blocked, waiting
     on an operator) goes on under `to`; the pre-flight refuses, changing
     nothing, when that would strand an owed call or a pending approval, or
     when a worker drives the turn right now (UpgradeRefused). Moving to the
@@ -69,7 +69,7 @@ def upgrade(session_id: uuid.UUID | str, to: int | None, *, by: str) -> versions
         reasons = _preflight(tx, current, target)
         if reasons:
             raise UpgradeRefused(f"the upgrade to version {target.number} would strand work", reasons=reasons)
-        tx.append("session/upgraded", {"from": current, "to": target.number, "by": by})
+        tx.append("session/upgraded", versions.upgraded(profile_id, current, target, by))
     return target
 
 

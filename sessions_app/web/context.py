@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from approvals_app.gate import approval_mode, needs_approval
+from sessions_app.llm.providers import providers, unreachable
 from sessions_app.llm.types import DEMO_SPEC, ToolSpec
 from sessions_app.log.projection import latest_compaction
 from sessions_app.models import ModelTally, Session
@@ -115,6 +116,9 @@ def context_view(session: Session) -> dict[str, Any]:
         "ctx_model": model,
         "ctx_model_override": session.model_main,
         "ctx_choices": model_choices(session, model),
+        # Said before a turn fails on it: the picker refuses such a model too (actions.set_model).
+        "ctx_unreachable": unreachable(model) if model else None,
+        "ctx_providers": providers(),
         "ctx_total": total,
         "ctx_window": window,
         "ctx_compacted_seq": compaction[0] if compaction else None,

@@ -55,6 +55,7 @@ def fragment_for(
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
+    refresh_seconds = REFRESH_SECONDS  # the console's socket (web/console_socket.py) refreshes more often
     joined = False
     user_id: Any = None
 
@@ -110,7 +111,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
 
     async def _refresh_every(self) -> None:
         while True:
-            await asyncio.sleep(REFRESH_SECONDS)
+            await asyncio.sleep(self.refresh_seconds)
             await self._send_fragment(None)
 
     async def _send_fragment(self, ids: list[str] | None) -> None:

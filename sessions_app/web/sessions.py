@@ -34,7 +34,7 @@ from sessions_app import actions
 from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
-from sessions_app.models import Agent, Event, Session
+from sessions_app.models import Agent, Session
 from sessions_app.services import MAX_INPUT_CHARS
 from sessions_app.web.context import context_view
 from sessions_app.web.forms import BudgetForm, MessageForm, NewSessionForm, ResolveForm
@@ -65,10 +65,7 @@ LIST_PAGE_SIZE = 50
 
 def _event_rows(session: Session, *, before: int | None, upto: int) -> list[EventRow]:
     """A bounded page: the PAGE_SIZE events before `before` (or up to `upto`)."""
-    qs = Event.objects.filter(session_id=session.id)
-    qs = qs.filter(seq__lt=before) if before is not None else qs.filter(seq__lte=upto)
-    rows = list(qs.order_by("-seq").values_list("seq", "kind", "data", "created_at")[:PAGE_SIZE])
-    rows.reverse()
+    rows = actions.chat_rows(session, before=before, upto=upto, limit=PAGE_SIZE)
     cursor = getattr(session, "deferred_cursor", 0)
     shown = [event_row(seq, kind, data, at, session.inbox_seq, cursor) for seq, kind, data, at in rows]
     return with_cards(session.id, shown)

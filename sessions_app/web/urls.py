@@ -39,6 +39,8 @@ urlpatterns: list[URLPattern] = [
     path("ops/", console.index, name="console"),
     path("ops/suspend/", console.suspend, name="console_suspend"),
     path("ops/resume/", console.resume, name="console_resume"),
+    path("ops/sessions/<uuid:session_id>/decide/", console.decide, name="console_decide"),
+    path("ops/sessions/<uuid:session_id>/timeline/", console.timeline, name="console_timeline"),
     path(
         "ops/sessions/<uuid:session_id>/<slug:action>/",
         console.session_action,

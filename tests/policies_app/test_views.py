@@ -100,7 +100,7 @@ def test_admin_validates_the_floor(client: Client, django_user_model: Any, profi
     data.update(
         {
             "roles": "{}",
-            "builtin_tools": '["clock.now"]',
+            "builtin_tools": ["clock.now"],
             "mcp_servers": "[]",
             "approvals": "{}",
             "created_at_0": "2026-01-01",
@@ -112,7 +112,9 @@ def test_admin_validates_the_floor(client: Client, django_user_model: Any, profi
     assert response.status_code == 200 and "pattern 2" in response.content.decode()
     profile.refresh_from_db()
     assert profile.allow_floor == ["clock.*"]
-    data["allow_floor"] = '["workspace.*"]'
+    data["allow_floor"] = '["workspace.*"]'  # it blocks clock.now, a tool of the profile's own: confirmed
+    assert client.post(url, data).status_code == 200
+    data["confirm_floor"] = "on"
     assert client.post(url, data).status_code == 302
     profile.refresh_from_db()
     assert profile.allow_floor == ["workspace.*"]

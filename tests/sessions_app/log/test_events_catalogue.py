@@ -15,10 +15,10 @@ from sessions_app.log.projection import render
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
 CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
+D64 = "a" * 64  # a version digest
 
 # Every kind needs at least one accepted and one rejected payload here; a test
 # below fails when a kind is added to the catalogue without them.
-_SHA = "a" * 64
 
 VALID: dict[str, list[dict[str, Any]]] = {
     "user/message": [
@@ -79,7 +79,19 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"call_id": "call_1", "name": "clock.now", "content": "denied", "is_error": True},
         {"call_id": "call_1", "name": "debug.charge", "content": "ok", "attempt": 2, "via": "operator"},
     ],
-    "session/upgraded": [{"from": 1, "to": 2, "by": "policy"}, {"from": None, "to": 1, "by": "alice"}],
+    "session/upgraded": [
+        {
+            "from": {"number": 1, "digest": D64},
+            "to": {"number": 2, "digest": D64},
+            "by": "policy",
+        },
+        {
+            "from": None,
+            "to": {"number": 1, "digest": D64},
+            "by": "alice",
+        },
+        {"from": {"number": 1, "digest": None}, "to": {"number": 2, "digest": None}, "by": "policy"},
+    ],
     "session/suspended": [{"by": "ops"}, {"by": "ops", "reason": "incident"}],
     "session/resumed": [{"by": "ops"}],
     "session/revoked": [{"by": "ops", "reason": "leaked key"}],
@@ -129,7 +141,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "turn/start": [
         {},
         {"by": "alice"},
-        {"version": {"number": 2, "digest": _SHA}},
+        {"version": {"number": 2, "digest": D64}},
     ],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [
@@ -226,7 +238,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
             "scope": "conversation",
             "incarnation": 1,
             "version": 1,
-            "sha256": _SHA,
+            "sha256": D64,
             "size": 0,
         },
         {
@@ -235,7 +247,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
             "scope": "task",
             "incarnation": 2,
             "version": 3,
-            "sha256": _SHA,
+            "sha256": D64,
             "size": 9,
             "schema": "plan",
             "schema_version": 2,
@@ -324,7 +336,12 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "request_seq": 4, "deadline_s": 5, "on_expiry": "approve"},
         {"call_id": "c", "request_seq": 4, "deadline_s": 0, "on_expiry": "deny"},
     ],
-    "session/upgraded": [{"from": 1, "to": 2}, {"from": 1, "to": 0, "by": "p"}, {"from": "1", "to": 2, "by": "p"}],
+    "session/upgraded": [
+        {"from": 1, "to": 2, "by": "p"},  # version 1's shape: read lifted, never written any more
+        {"from": None, "to": {"number": 0, "digest": None}, "by": "p"},
+        {"from": None, "to": {"number": 1, "digest": "abc"}, "by": "p"},
+        {"from": None, "to": {"number": 1}, "by": "p"},
+    ],
     "session/suspended": [{}, {"by": ""}],
     "session/resumed": [{"reason": "x"}],
     "session/revoked": [{"by": 3}],
@@ -387,8 +404,8 @@ INVALID: dict[str, list[Any]] = {
             "sha256": "x",
             "size": 0,
         },
-        {"name": "a", "kind": "file", "scope": "folder", "incarnation": 1, "version": 1, "sha256": _SHA, "size": 0},
-        {"name": "", "kind": "file", "scope": "task", "incarnation": 1, "version": 1, "sha256": _SHA, "size": 0},
+        {"name": "a", "kind": "file", "scope": "folder", "incarnation": 1, "version": 1, "sha256": D64, "size": 0},
+        {"name": "", "kind": "file", "scope": "task", "incarnation": 1, "version": 1, "sha256": D64, "size": 0},
     ],
     "document/retired": [
         {"name": "a", "incarnation": 0, "reason": "deleted"},

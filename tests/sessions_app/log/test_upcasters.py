@@ -2,7 +2,7 @@
 written with, readers lift older payloads through the upcasters, and the
 session keeps the newest version per kind above 1 for the claim's check.
 
-Every kind is at version 1 today, so the lifting is exercised on a test
+The lifting is exercised on a test
 version 2 of user/message (the catalogue entry and one step patched in);
 the registered steps, when there are any, are checked on the stored
 examples in upcaster_examples.json. Both databases."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -55,7 +56,7 @@ def written_versions(session: Session) -> set[str]:
     return {f"event:{k}@{v}" for k, v in (s.event_versions or {}).items()}
 
 
-def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_finishes_it(
+def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_finishes_it_unasked(
     start_worker: Any, fake_llm: Any, session: Session, newer_code: None
 ) -> None:
     fake_llm.script(Reply(text="done"))
@@ -75,8 +76,10 @@ def test_no_live_worker_reads_the_log_so_the_turn_blocks_and_a_newer_worker_fini
 
     new = start_newer(start_worker)
     assert WorkerProcess.objects.filter(pid=new.pid, event_versions__contains=NEWER).exists()
-    operators.retry(session.id, by="ops")
+    # No operator: the newer worker's sweep finds the turn it reads and asks for it again.
     wait_for(lambda: "turn/end" in kinds(session), what="the newer worker's turn/end")
+    (asked,) = events(session, "turn/retry_requested")
+    assert asked["by"].startswith("worker:0.1.0")
     assert events(session, "turn/end") == [{"status": "completed"}]
     assert [m["content"] for m in events(session, "assistant/message")] == ["done"]
     seen = fake_llm.requests[0]["messages"]
@@ -103,3 +106,41 @@ def test_a_worker_leaves_a_log_it_cannot_read_to_a_live_worker_that_can(
     assert events(session, "turn/end") == [{"status": "completed"}]
     assert "turn/blocked" not in kinds(session)
     assert len(fake_llm.requests) == 1
+
+
+def test_waiting_input_no_live_worker_reads_is_stranded_then_a_newer_worker_runs_it_once(
+    start_worker: Any, fake_llm: Any, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: a follow-up the next release's web tier queued (input/deferred
+    at version 2) waits behind a turn an old worker runs. The turn ends; no
+    turn is open, and no live worker reads the log: the session is listed
+    stranded (unsupported_version). A worker of the next release starts: its
+    sweep drives the session with no other stimulus, the listing clears, and
+    the follow-up is answered once."""
+    gate = threading.Event()
+    fake_llm.script(Reply(text="one", hang=gate), Reply(text="two"))
+    old = start_worker(name="old")
+    services.inject(session.id, "first", wake=True)
+    wait_for(lambda: len(fake_llm.requests) == 1, what="the old worker's model call")
+    deferred = replace(catalogue.CATALOGUE["input/deferred"], version=2)
+    monkeypatch.setitem(catalogue.CATALOGUE, "input/deferred", deferred)  # the next release's web tier
+    assert services.inject(session.id, "later", lane="follow_up").disposition == "queued"
+    gate.set()
+    wait_for(lambda: "no live worker reads it" in old.output(), what="the old worker leaving the follow-up")
+    time.sleep(1.0)  # its sweeps keep offering the session: nothing runs, nothing is appended
+    assert kinds(session).count("turn/start") == 1 and len(fake_llm.requests) == 1
+    row = Session.objects.get(id=session.id)
+    assert row.open_turn_seq is None and row.queued_follow_ups == 1
+    item = {i.session_id: i.detail for i in operators.attention()["stranded"]}[str(session.id)]
+    assert (item["code"], item["what"], item["waiting"]) == ("unsupported_version", "event:input/deferred@2", "input")
+    assert old.proc.poll() is None  # nothing crashed
+
+    start_worker(name="new", TERRET_TESTING="1", TERRET_TEST_EVENT_VERSIONS=json.dumps({"input/deferred": 2}))
+    assert str(session.id) not in {i.session_id for i in operators.attention()["stranded"]}
+    wait_for(lambda: kinds(session).count("turn/end") == 2, what="the follow-up's turn, by the newer worker")
+    time.sleep(1.5)  # a second run would show by now (sweeps every 0.5 s)
+    assert [m["content"] for m in events(session, "assistant/message")] == ["one", "two"]
+    assert len(fake_llm.requests) == 2
+    users = [m["content"] for m in fake_llm.requests[1]["messages"] if m["role"] == "user"]
+    assert users == ["first", "later"]  # the follow-up, once, not lost
+    assert [e["status"] for e in events(session, "turn/end")] == ["completed", "completed"]

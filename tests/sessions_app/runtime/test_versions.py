@@ -36,6 +36,19 @@ def kinds(session: Session, kind: str) -> list[dict[str, Any]]:
     return list(Event.objects.filter(session=session, kind=kind).order_by("seq").values_list("data", flat=True))
 
 
+def moves(session: Session) -> list[tuple[int | None, int, str]]:
+    """session/upgraded as (from, to, by) numbers; each digest is checked to be the version's own."""
+    out = []
+    for d in kinds(session, "session/upgraded"):
+        for ref in (d["from"], d["to"]):
+            if ref is not None:
+                assert (
+                    ref["digest"] == AgentVersion.objects.get(profile=session.profile_id, number=ref["number"]).digest
+                )
+        out.append((d["from"] and d["from"]["number"], d["to"]["number"], d["by"]))
+    return out
+
+
 def end_turn(session: Session) -> None:
     assert services.cancel(session.id, by="owner")
 
@@ -107,7 +120,7 @@ def test_next_turn_opens_on_the_newest_version_and_records_the_move(session: Ses
     end_turn(session)
     services.run_turn(session.id, "two")
     assert starts(session) == [1, 2]
-    assert kinds(session, "session/upgraded") == [{"from": 1, "to": 2, "by": "policy"}]
+    assert moves(session) == [(1, 2, "policy")]
     [_, second] = kinds(session, "turn/start")
     assert second["version"]["digest"] == AgentVersion.objects.get(profile=profile, number=2).digest
     session.refresh_from_db()
@@ -133,7 +146,7 @@ def test_pinned_stays_until_an_upgrade(session: Session, profile: AgentProfile, 
     )
     assert answer.status_code == 200, answer.content
     assert answer.json() == {"number": 2, "digest": versions.get(profile.pk, 2).digest, "latest": 2}
-    assert kinds(session, "session/upgraded") == [{"from": 1, "to": 2, "by": "owner"}]
+    assert moves(session) == [(1, 2, "owner")]
     services.inject(session.id, "three", wake=True)
     assert starts(session) == [1, 1, 2]
     detail = client.get(f"/api/sessions/{session.id}", **bearer(token_for(owner))).json()
@@ -196,7 +209,7 @@ def test_a_harmless_upgrade_moves_a_parked_turn(session: Session, profile: Agent
     profile.save()
     assert version_services.upgrade(session.id, None, by="ops").number == 2
     session.refresh_from_db()
-    assert session.agent_version == 2 and kinds(session, "session/upgraded") == [{"from": 1, "to": 2, "by": "ops"}]
+    assert session.agent_version == 2 and moves(session) == [(1, 2, "ops")]
 
 
 @pytest.mark.django_db

@@ -159,6 +159,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         **{k: json.dumps(v) for k, v in GOOD.items()},
     }
     data.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in changes.items()})
+    # The tools are checkboxes: one value per ticked tool, as a browser sends them.
+    tools = changes.get("builtin_tools", GOOD["builtin_tools"])
+    data["builtin_tools"] = tools
     return data
 
 

@@ -5,13 +5,15 @@ no longer has), with upgrade and abandon actions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from sessions_app import log, services
-from sessions_app.models import AgentProfile, Session
+from sessions_app.log import catalogue
+from sessions_app.models import AgentProfile, Session, WorkerProcess
 from sessions_app.services import operators
 from sessions_app.tools import builtins
 from tests.helpers import client_for, edit_profile, events
@@ -81,7 +83,7 @@ def test_upgrade_button_moves_the_session_through_the_preflight(
     edit_profile(profile, system_prompt="a new release's prompt")  # version 2
     response = ops.post(f"/ops/sessions/{chat.id}/upgrade/", {"reason": ""}, follow=True)
     assert "Upgraded to the newest version" in response.content.decode()
-    assert events(chat, "session/upgraded")[0]["to"] == 2
+    assert events(chat, "session/upgraded")[0]["to"]["number"] == 2
     again = ops.post(f"/ops/sessions/{chat.id}/upgrade/", {"reason": ""}, follow=True)
     assert len(events(chat, "session/upgraded")) == 1  # on the newest already: nothing written
     assert again.status_code == 200
@@ -91,4 +93,52 @@ def test_abandon_button_closes_a_stranded_turn(ops: Client, chat: Session) -> No
     block(chat, "unsupported_version", "event:user/message@2")
     ops.post(f"/ops/sessions/{chat.id}/abandon/", {"reason": "old data"}, follow=True)
     assert events(chat, "turn/end")[0]["status"] == "failed"
+    assert str(chat.id) not in stranded()
+
+
+def _follow_up_under_newer_code(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follow-up the next release's web tier queued (input/deferred at
+    version 2) behind a turn that then ended: input waits, and no turn is open."""
+    services.run_turn(session.id, "go")
+    newer = replace(catalogue.CATALOGUE["input/deferred"], version=2)
+    monkeypatch.setitem(catalogue.CATALOGUE, "input/deferred", newer)
+    assert services.inject(session.id, "later", lane="follow_up").disposition == "queued"
+    log.append(session.id, "turn/end", {"status": "completed"})
+    monkeypatch.setitem(catalogue.CATALOGUE, "input/deferred", replace(newer, version=1))  # this process: the old code
+    row = Session.objects.get(id=session.id)
+    assert row.open_turn_seq is None and row.queued_follow_ups == 1 and row.event_versions == {"input/deferred": 2}
+
+
+def _worker(key: int, versions: dict[str, int]) -> WorkerProcess:
+    return WorkerProcess.objects.create(key=key, host="h", pid=key, build="b", event_versions=versions)
+
+
+def test_waiting_input_no_live_worker_reads_is_stranded_until_one_does(
+    ops: Client, chat: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _follow_up_under_newer_code(chat, monkeypatch)
+    old = _worker(1, catalogue.versions())
+    detail = stranded()[str(chat.id)]
+    assert detail["code"] == "unsupported_version" and detail["what"] == "event:input/deferred@2"
+    assert detail["waiting"] == "input"
+    listed = ops.get("/api/ops/attention").json()["attention"]["stranded"]
+    assert [(i["session_id"], i["detail"]["what"]) for i in listed] == [(str(chat.id), "event:input/deferred@2")]
+    html = ops.get("/ops/").content.decode()
+    assert "unsupported_version: event:input/deferred@2" in html
+    assert "it runs once a worker that reads this log registers" in html
+    assert f"/ops/sessions/{chat.id}/retry/" not in html  # no turn is open to retry or abandon
+
+    _worker(2, {**catalogue.versions(), "input/deferred": 2})  # a worker of the next release registers
+    assert str(chat.id) not in stranded()
+    WorkerProcess.objects.exclude(pk=old.pk).delete()
+    assert str(chat.id) in stranded()
+
+
+def test_with_no_worker_registered_this_code_is_the_reader(chat: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded worker registers no row: it runs this process's code."""
+    _follow_up_under_newer_code(chat, monkeypatch)
+    assert stranded()[str(chat.id)]["what"] == "event:input/deferred@2"
+    monkeypatch.setitem(
+        catalogue.CATALOGUE, "input/deferred", replace(catalogue.CATALOGUE["input/deferred"], version=2)
+    )
     assert str(chat.id) not in stranded()

@@ -129,7 +129,8 @@ def test_suggestions_only_on_an_empty_chat(chat: Session) -> None:
     assert 'id="suggestions"' not in c.get(chat_url(chat)).content.decode()
 
 
-def test_the_context_view_and_the_model_picker(chat: Session, make_reviewer: Callable[..., Any]) -> None:
+def test_the_context_view_and_the_model_picker(chat: Session, make_reviewer: Callable[..., Any], settings: Any) -> None:
+    settings.TERRET_LLM_API_KEY = "k"  # test/other-model is the OpenAI-compatible provider's: reachable with a key
     log.append(chat.id, "user/message", {"text": "old question"})
     log.append(chat.id, "session/compacted", {"upto_seq": 2, "summary": "they asked an old question"})
     log.append(chat.id, "user/message", {"text": "new question"})
