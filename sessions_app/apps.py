@@ -13,7 +13,7 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
-        from sessions_app.runtime import codever, hooks, versions
+        from sessions_app.runtime import codever, documents, hooks, versions
         from sessions_app.services import compaction, schedules
         from sessions_app.services.post_turn import post_turn
 
@@ -21,6 +21,7 @@ class SessionsAppConfig(AppConfig):
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
+        documents.register_tools()  # workspace.* read and write the session's documents
         # Every save of a profile records a version if its definition changed.
         post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 

@@ -322,6 +322,42 @@ class UpgradeRefused(TerretError):
         self.reasons = reasons
 
 
+# -- documents
+
+
+class UnknownDocument(TerretError):
+    """The session has no such document (or no such version of it)."""
+
+    code = "unknown_document"
+    status = 404
+
+
+class DocumentTooLarge(TerretError):
+    """A write past a document's bound or the session's (profile fields
+    max_document_bytes, max_session_document_bytes) or past max_documents;
+    nothing was written."""
+
+    code = "document_too_large"
+    status = 413
+
+
+class DocumentConflict(TerretError):
+    """A write through a stale handle: the document's incarnation or version
+    is no longer the one the writer read (it was recreated, or written
+    meanwhile); nothing was written."""
+
+    code = "document_conflict"
+    status = 409
+
+
+class DocumentVersionUnsupported(TerretError):
+    """A typed read of a json document whose stored schema version is newer
+    than this code knows, or older with no migration to the current one."""
+
+    code = "document_version_unsupported"
+    status = 422
+
+
 # ---------------------------------------------------------------- the protocol (every door)
 
 

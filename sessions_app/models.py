@@ -131,6 +131,12 @@ class AgentProfile(models.Model):
     # at its next turn's opening, or only when an owner or operator upgrades it.
     UPGRADE_POLICIES = [("next_turn", "Next turn opens on the newest version"), ("pinned", "Pinned until upgraded")]
     upgrade_policy = models.CharField(max_length=16, choices=UPGRADE_POLICIES, default="next_turn")
+    # Documents (runtime/documents.py): the agent's world in the database.
+    # Storage bounds, read from the live row at every write (not the turn's
+    # version): an operator lowering one means it from the next write on.
+    max_document_bytes = models.PositiveIntegerField(default=1024 * 1024)
+    max_session_document_bytes = models.PositiveBigIntegerField(default=64 * 1024 * 1024)
+    max_documents = models.PositiveIntegerField(default=1000)
 
     class Meta:
         ordering = ["name"]
@@ -776,3 +782,73 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} {self.name} to {self.recipient_id} by {self.channel}"
+
+
+# ---------------------------------------------------------------- documents
+
+
+class DocumentContent(models.Model):
+    """A document version's bytes, stored once per distinct content."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    data = models.BinaryField()
+    size = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} ({self.size} bytes)"
+
+
+DOCUMENT_SCOPES = ("session", "conversation", "task")
+
+
+class Document(models.Model):
+    """One incarnation of a named document of a session (runtime/documents.py).
+    Recreating a retired name makes a new row with the next incarnation; a
+    handle naming the old incarnation cannot reach the new one."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="documents")
+    name = models.CharField(max_length=1024)
+    kind = models.CharField(max_length=32)  # file, json, or kept as opaque data
+    scope = models.CharField(max_length=16, choices=[(s, s) for s in DOCUMENT_SCOPES], default="conversation")
+    incarnation = models.PositiveIntegerField(default=1)
+    schema = models.CharField(max_length=200, blank=True)  # a json document's registered schema
+    task = models.CharField(max_length=200, blank=True)  # a task-scoped document's task
+    version = models.PositiveIntegerField(default=0)  # the head: its newest committed version
+    size = models.PositiveBigIntegerField(default=0)  # the head's
+    created_seq = models.BigIntegerField()
+    retired_seq = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["session", "name", "incarnation"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "name", "incarnation"], name="document_incarnation_uniq"),
+            models.UniqueConstraint(
+                fields=["session", "name"], condition=models.Q(retired_seq__isnull=True), name="document_live_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}:{self.name}#{self.incarnation}"
+
+
+class DocumentVersion(models.Model):
+    """A committed version: the seq of its document/written in the session's
+    log (or of the fork's session/forked for a version a fork inherited)."""
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    seq = models.BigIntegerField()
+    content = models.ForeignKey(DocumentContent, on_delete=models.PROTECT, db_column="sha256")
+    size = models.PositiveBigIntegerField()
+    schema_version = models.PositiveIntegerField(null=True, blank=True)
+    by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["document", "version"]
+        constraints = [models.UniqueConstraint(fields=["document", "version"], name="document_version_uniq")]
+        indexes = [models.Index(fields=["document", "seq"], name="document_version_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.document_id} v{self.version}"

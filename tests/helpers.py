@@ -57,3 +57,14 @@ def edit_profile(profile: Any, **fields: Any) -> Any:
         setattr(row, name, value)
     row.save()
     return row
+
+
+def document_text(session_id: Any, name: str) -> str | None:
+    """A session's document (its workspace file) as text; None: there is none."""
+    from sessions_app.errors import UnknownDocument  # local: tests.helpers loads before Django's apps in some runs
+    from sessions_app.runtime import documents  # local: as above
+
+    try:
+        return documents.read(session_id, name).data.decode()
+    except UnknownDocument:
+        return None

@@ -16,7 +16,7 @@ Verbs return domain values, which each door shapes: a Session
 (create_session, fork, edit_and_resend, regenerate, archive, unarchive), a
 Receipt (inject, input_receipt, withdraw), Schedule rows, the ledger's
 Effects and `Resolved`, a `Decision`, AgentProfile rows (list_profiles), a
-SessionDetail, an EventsPage, `Cancelled`, `StatusAfter` (retry, the
+SessionDetail, an EventsPage, a document Listing or Read, `Cancelled`, `StatusAfter` (retry, the
 operators' session actions), a `Compaction`, a `ModelRole`, a `Policy`, a
 `Budget`, `Attention` and `ScopeChange`. Each value's `as_json()` is its
 one JSON shape, shared by the API (whose schemas.py declares it) and the
@@ -35,6 +35,7 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - effects.py: effects, resolve
 - budgets.py: budget, set_budget (budget_state)
 - forks.py: fork, edit_and_resend, regenerate
+- documents.py: documents, document (view), write_document (drive)
 - operators.py: attention, suspend, resume, session_action (staff: retry,
   abandon, revoke, restore); the live fleet view: fleet (running now, the
   session table), decide_approval (the reviewers' verb, logged with its
@@ -65,6 +66,7 @@ from sessions_app.actions.access import (
 )
 from sessions_app.actions.approvals import Decision, decide
 from sessions_app.actions.budgets import budget, budget_state, set_budget
+from sessions_app.actions.documents import document, documents, write_document
 from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
@@ -129,6 +131,8 @@ __all__ = [
     "create_session",
     "decide",
     "decide_approval",
+    "document",
+    "documents",
     "edit_and_resend",
     "effects",
     "events",
@@ -172,4 +176,5 @@ __all__ = [
     "usable_profiles",
     "visible",
     "withdraw",
+    "write_document",
 ]

@@ -195,6 +195,29 @@ class ForkIn(In):
     policy: ForkPolicy = Field(description="what the fork inherits: as of at_seq, as of now, or nothing")
 
 
+class DocumentIn(In):
+    """Write a document as the session's owner: its next version, or a new
+    document (docs/documents.md)."""
+
+    content: str = Field(description="the content: UTF-8 text, or base64 with encoding=base64")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    kind: Annotated[str, Field(min_length=1, max_length=32)] = Field(
+        default="file", description="file, json, or another kind kept as opaque data (a new document only)"
+    )
+    scope: Literal["session", "conversation", "task"] = Field(default="conversation", description="a new document only")
+    schema_name: Annotated[str, Field(max_length=200)] = Field(
+        default="", alias="schema", description="a json document's registered schema (a new document only)"
+    )
+    schema_version: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    task: Annotated[str, Field(max_length=200)] = Field(default="", description="a task-scoped document's task")
+    incarnation: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = Field(
+        default=None, description="the incarnation the writer read: 409 document_conflict if it was recreated"
+    )
+    version: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = Field(
+        default=None, description="with incarnation: the version the writer read (409 if written since)"
+    )
+
+
 # ---------------------------------------------------------------- socket frames
 
 

@@ -19,6 +19,7 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     ClientFrame,
     CreateSessionIn,
     DecisionIn,
+    DocumentIn,
     EffectState,
     ForkIn,
     ForkPolicy,
@@ -74,6 +75,32 @@ class ForkOut(Schema):
     requested_seq: int | None = Field(description="the seq asked for, when the fork point was taken back to it")
     policy: ForkPolicy
     last_seq: int = Field(description="the fork's head: the end of its seed")
+
+
+class DocumentOut(Schema):
+    """A document's version as listed (its head, unless a version was asked for)."""
+
+    name: str = Field(description="its path, relative to the workspace")
+    kind: str = Field(description="file, json, or another kind kept as opaque data")
+    scope: Literal["session", "conversation", "task"]
+    incarnation: int = Field(description="which life of the name: a recreated document counts on")
+    version: int
+    size: int = Field(description="bytes")
+    sha256: str
+    seq: int = Field(description="the seq of its document/written (1 for a version a fork inherited)")
+    schema_: str | None = Field(alias="schema", description="a json document's registered schema")
+    schema_version: int | None
+
+
+class DocumentsOut(Schema):
+    session_id: str
+    documents: list[DocumentOut]
+    truncated: bool = Field(description="more documents than one answer lists (1,000)")
+
+
+class DocumentContentOut(DocumentOut):
+    encoding: Literal["utf-8", "base64"] = Field(description="utf-8 when the content is UTF-8 text, else base64")
+    content: str
 
 
 class ForkErrorOut(Schema):

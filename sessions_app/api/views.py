@@ -29,6 +29,10 @@ from sessions_app.api.schemas import (
     CreateSessionIn,
     DecisionIn,
     DecisionOut,
+    DocumentContentOut,
+    DocumentIn,
+    DocumentOut,
+    DocumentsOut,
     EffectsOut,
     ErrorOut,
     EventsOut,
@@ -420,6 +424,45 @@ def fork(request: HttpRequest, session_id: str, payload: ForkIn) -> Any:
     point (inside a step, past the head, inside a fork's seed); `before` and
     `after` name the nearest ones."""
     return Status(201, fork_out(actions.fork(_user(request), session_id, payload.at_seq, payload.policy)))
+
+
+# ---------------------------------------------------------------- documents
+
+
+@api.get(
+    "/sessions/{session_id}/documents", response={200: DocumentsOut, **_READ_ERRORS}, tags=["documents"], by_alias=True
+)
+def documents(request: HttpRequest, session_id: str) -> Any:
+    """The session's documents (its workspace among them), each at its head:
+    name, kind, scope, version, size and incarnation."""
+    return actions.documents(_user(request), session_id).as_json()
+
+
+@api.get(
+    "/sessions/{session_id}/documents/{path:name}",
+    response={200: DocumentContentOut, **_READ_ERRORS},
+    tags=["documents"],
+    by_alias=True,
+)
+def document(request: HttpRequest, session_id: str, name: str, version: int | None = None) -> Any:
+    """A document's content: its head, or `version` of its live incarnation
+    (404 unknown_document when there is none)."""
+    return actions.document(_user(request), session_id, name, version).as_json()
+
+
+@api.put(
+    "/sessions/{session_id}/documents/{path:name}",
+    response={200: DocumentOut, **_WRITE_ERRORS, 422: ErrorOut},
+    tags=["documents"],
+    by_alias=True,
+)
+def write_document(request: HttpRequest, session_id: str, name: str, payload: DocumentIn) -> Any:
+    """Write a document as the session's owner (or staff): its next version,
+    a durable write logged as document/written. 413 document_too_large past a
+    profile's bound; 409 document_conflict when `incarnation` (and `version`)
+    are no longer the document's; 422 document_version_unsupported for a
+    schema version newer than the server's."""
+    return actions.write_document(_user(request), session_id, name, payload.model_dump(by_alias=True))
 
 
 # ---------------------------------------------------------------- operators (staff only)

@@ -951,6 +951,38 @@ CATALOGUE: dict[str, Kind] = {
             "`requested_seq`: the seq asked for, when the fork point was taken back to the last one before it.",
         ),
         Kind(
+            "document/written",
+            _obj(
+                {
+                    "name": _NONEMPTY,
+                    "kind": _NONEMPTY,
+                    "scope": {"enum": ["session", "conversation", "task"]},
+                    "incarnation": _SEQ,
+                    "version": _SEQ,
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "size": {"type": "integer", "minimum": 0},
+                    "schema": _STR,
+                    "schema_version": _SEQ,
+                    "migrated_from": _SEQ,
+                    "task": _STR,
+                    "call_id": _STR,
+                    "by": _STR,
+                },
+                ["name", "kind", "scope", "incarnation", "version", "sha256", "size"],
+            ),
+            False,
+            "A document's new committed version (its content is stored by hash, not in the log).",
+        ),
+        Kind(
+            "document/retired",
+            _obj(
+                {"name": _NONEMPTY, "incarnation": _SEQ, "reason": {"enum": ["deleted", "task_ended"]}, "by": _STR},
+                ["name", "incarnation", "reason"],
+            ),
+            False,
+            "A document's incarnation ends; writing the name again makes a new incarnation.",
+        ),
+        Kind(
             "session/forked_to",
             _obj(
                 {

@@ -22,9 +22,9 @@ parent's model-visible history as of a seq, `at_seq`. docs/events.md
   parent), on the parent's profile, idle, with no budget of its own set and
   nothing spent. Its seed, written in one commit: session/forked, the copied
   history, then the policy and model roles its inheritance policy gives it.
-- **Inheritance.** historical: the policy, model roles and workspace in
+- **Inheritance.** historical: the policy, model roles and documents in
   force as of at_seq; current: the parent's as of now; fresh: the profile's
-  floor and roles and an empty workspace. Never: effects (no tool/attempt is
+  floor and roles and no documents. Never: effects (no tool/attempt is
   copied), schedules, tokens, budgets or spend, approvals (parked or granted
   for the session: a policy's auto_approve stays with the parent).
 - **Holds.** A session an operator revoked or suspended is not forked
@@ -38,27 +38,20 @@ On a message: `edit_and_resend` forks just before a user/message and sends
 the edited text; `regenerate` forks at the turn/start of a reply's turn and
 opens that turn again with the same input (a turn must open with input).
 
-Workspaces: historical is rebuilt from the log (the seed snapshot of a fork,
-then every workspace.write whose result is not an error, with the
-arguments that ran); current is a copy of the parent's directory now. Either
-way the child's starting workspace is also kept as its seed snapshot
-(TERRET_WORKSPACE_ROOT/fork-seeds/<child>/), which a historical fork of the
-child starts from.
+Documents (the workspace among them, runtime/documents.py): copied as rows
+inside the fork's transaction, under the parent's row lock: historical
+takes the conversation documents' versions whose seqs are at or before
+at_seq, exactly; current takes the parent's as they stand at admission;
+fresh none; session-scoped documents come as they stand under either
+policy, task-scoped ones never. Contents are shared by hash, not copied.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import shutil
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-from django.conf import settings
 
 from sessions_app import log
 from sessions_app.errors import (
@@ -74,18 +67,13 @@ from sessions_app.log.projection import latest_compaction
 from sessions_app.log.reads import latest_seq_of
 from sessions_app.models import Event, Session
 from sessions_app.permissions import can_view
-from sessions_app.runtime import admission, dispatch
+from sessions_app.runtime import admission, dispatch, documents
 from sessions_app.services.inputs import Receipt, inject
-from sessions_app.tools.base import ToolContext, ToolError
-from sessions_app.tools.builtins import BUILTINS, CHARGES_FILE, workspace_dir
 
 logger = logging.getLogger(__name__)
 
 POLICIES: tuple[str, ...] = ("historical", "current", "fresh")
 MARKERS = ("turn/start", "turn/end", "step/start", "step/end")
-SEEDS_DIR = "fork-seeds"
-# The workspace tool's own temporary files (write-then-rename): never copied.
-TEMP_PREFIX = ".terret-write-"
 Items = list[tuple[str, dict[str, Any]]]
 
 
@@ -295,124 +283,6 @@ def seed_items(parent: uuid.UUID, point: Point, policy: str, row: dict[str, Any]
     return [("session/forked", forked), *history, *tail]
 
 
-# ---------------------------------------------------------------- workspaces
-
-
-def seed_dir(session_id: uuid.UUID) -> Path:
-    """Where a fork's starting workspace is kept (not created here)."""
-    return Path(settings.TERRET_WORKSPACE_ROOT) / SEEDS_DIR / session_id.hex
-
-
-def copy_files(source: Path, dest: Path, *, skip_top: tuple[str, ...] = ()) -> int:
-    """Copy the regular files under `source` into `dest` (symlinks and the
-    write tool's temporary files are left out); how many were copied."""
-    copied = 0
-    if not source.is_dir():
-        return 0
-    for current, dirs, files in os.walk(source):  # os.walk does not follow symlinked dirs
-        base = Path(current)
-        for name in files:
-            path = base / name
-            rel = path.relative_to(source)
-            if path.is_symlink() or name.startswith(TEMP_PREFIX) or (base == source and name in skip_top):
-                continue
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dest / rel, follow_symlinks=False)
-            copied += 1
-        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
-    return copied
-
-
-def _ran_arguments(session_id: uuid.UUID, lo: int, results: list[tuple[int, str]]) -> dict[str, str]:
-    """The arguments each call (its result's seq, its id) ran with: a
-    reviewer's edit (on its tool/attempt) over the model's own (the step's
-    assistant/message, the newest before its result)."""
-    found: dict[str, str] = {}
-    replies: dict[int, dict[str, Any]] = {}
-    for seq, call_id in results:
-        row = (
-            Event.objects.filter(session_id=session_id, kind="assistant/message", seq__gt=lo, seq__lt=seq)
-            .order_by("-seq")
-            .values_list("seq", "data")
-            .first()
-        )
-        if row is None:
-            continue
-        replies.setdefault(row[0], row[1])
-        for call in replies[row[0]].get("tool_calls") or []:
-            if call["id"] == call_id:
-                found[call_id] = call["arguments"]
-    ids = [call_id for _, call_id in results]
-    hi = max(seq for seq, _ in results)
-    attempts = Event.objects.filter(
-        session_id=session_id, kind="tool/attempt", seq__gt=lo, seq__lt=hi, data__call_id__in=ids
-    )
-    for data in attempts.order_by("seq").values_list("data", flat=True):
-        if "arguments" in data:
-            found[data["call_id"]] = data["arguments"]
-    return found
-
-
-def workspace_writes(session_id: uuid.UUID, lo: int, hi: int) -> list[dict[str, Any]]:
-    """The workspace.write calls in (lo, hi] that took effect (a result that
-    is no error), in the order of their results, with the arguments that ran."""
-    results = (
-        Event.objects.filter(session_id=session_id, kind="tool/result", seq__gt=lo, seq__lte=hi)
-        .filter(data__name="workspace.write")
-        .order_by("seq")
-        .values_list("seq", "data")
-    )
-    done = [(seq, r["call_id"]) for seq, r in results if not r.get("is_error")]
-    if not done:
-        return []
-    arguments = _ran_arguments(session_id, lo, done)
-    writes = []
-    for _, call_id in done:
-        try:
-            args = json.loads(arguments.get(call_id, ""))
-        except ValueError:
-            continue  # a call whose arguments never parsed never wrote
-        if isinstance(args, dict):
-            writes.append(args)
-    return writes
-
-
-def rebuild_workspace(session_id: uuid.UUID, at_seq: int, dest: Path) -> None:
-    """The session's workspace as of at_seq, written into `dest`: its seed
-    snapshot (a fork), then its own effective writes up to at_seq."""
-    lo = seed_upto(session_id)
-    if lo:
-        copy_files(seed_dir(session_id), dest)
-    write = BUILTINS["workspace.write"].handler
-    ctx = ToolContext(session_id=session_id, call_id="fork", workspace=dest)
-    for args in workspace_writes(session_id, lo, at_seq):
-        try:
-            write(ctx, args)
-        except ToolError as exc:  # the sandbox refuses it now as it did then
-            logger.warning("fork of %s: a write is not rebuilt: %s", session_id, exc)
-
-
-def seed_workspace(parent: uuid.UUID, at_seq: int, policy: str, child: uuid.UUID) -> None:
-    """The child's starting workspace, and its seed snapshot when not empty."""
-    dest = workspace_dir(child)
-    if policy == "historical":
-        rebuild_workspace(parent, at_seq, dest)
-    elif policy == "current":
-        # debug.charge's charges.log stands for an external system's record
-        # of effects: effects are never inherited.
-        copy_files(workspace_dir(parent), dest, skip_top=(CHARGES_FILE,))
-    if dest.is_dir() and any(dest.iterdir()):
-        copy_files(dest, seed_dir(child))
-
-
-def _discard_workspace(child: uuid.UUID) -> None:
-    for path in (workspace_dir(child), seed_dir(child)):
-        with contextlib.suppress(OSError):
-            shutil.rmtree(path)
-    with contextlib.suppress(OSError):
-        seed_dir(child).parent.rmdir()  # only when no other fork keeps a seed there
-
-
 # ---------------------------------------------------------------- the fork
 
 
@@ -451,17 +321,15 @@ def fork(session_id: Any, at_seq: int, policy: str, *, user: Any) -> Session:
     point = resolve_point(parent.id, at_seq, parent.last_seq)
     by = str(user.get_username())
     child_id = uuid.uuid4()
-    try:
-        seed_workspace(parent.id, point.at_seq, policy, child_id)  # files: before any lock
-        with log.locked(parent.id) as tx:
-            _refuse_held(tx.row)
-            items = seed_items(parent.id, point, policy, tx.row, by=by)
-            Session.objects.create(id=child_id, owner=user, profile_id=tx.row["profile_id"])
-            log.append_many(child_id, items)
-            tx.append("session/forked_to", {"child": str(child_id), "at_seq": point.at_seq, "policy": policy, "by": by})
-    except BaseException:
-        _discard_workspace(child_id)
-        raise
+    with log.locked(parent.id) as tx:
+        _refuse_held(tx.row)
+        items = seed_items(parent.id, point, policy, tx.row, by=by)
+        Session.objects.create(id=child_id, owner=user, profile_id=tx.row["profile_id"])
+        log.append_many(child_id, items)
+        # Under the parent's row lock, which every document write takes: the
+        # copy is exactly as of at_seq, or exactly the parent's at admission.
+        documents.copy_for_fork(parent.id, child_id, at_seq=point.at_seq, policy=policy, row_seq=tx.row["last_seq"])
+        tx.append("session/forked_to", {"child": str(child_id), "at_seq": point.at_seq, "policy": policy, "by": by})
     return Session.objects.select_related("profile").get(id=child_id)
 
 

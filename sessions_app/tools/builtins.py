@@ -1,4 +1,4 @@
-"""Built-in tools: the clock, a per-session workspace sandbox, and debug aids.
+"""Built-in tools: the clock, the session's workspace, and debug aids.
 
 Each says what a resume may do with an attempt of it that has no recorded
 outcome (Definition.replay_policy): the read-only ones and debug.sleep are
@@ -6,20 +6,21 @@ safe to run again; workspace.write reconciles, by comparing the file with
 the content it was asked to write; debug.charge (an effect for tests and
 demos, deliberately never replayed) waits for an operator.
 
-The workspace tools take paths from the model, so every path is treated as
-hostile: it must be relative, free of `..` and NUL, and must still lie inside
-the session's directory after symlinks are resolved. Files are opened with
-O_NOFOLLOW so a symlink swapped in after the check is not followed either.
+The workspace is the session's documents (runtime/documents.py, reached
+through tools/documents.py), not a directory: every worker on every host
+sees the same files, and every write is a committed version logged as
+document/written, fenced on the turn's lease. Paths come from the model, so
+each must be relative and free of `..` and NUL; it names a document, never
+a place on a disk. debug.charge alone keeps a local file (charges.log, in
+TERRET_WORKSPACE_ROOT/<session>): it stands for an external system's record
+of effects, which is not the agent's world.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import stat
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -28,6 +29,9 @@ from typing import Any
 
 from django.conf import settings
 
+from sessions_app.errors import TerretError
+
+from . import documents
 from .base import Definition, Reconciliation, ToolContext, ToolError
 from .schedules import DEFINITIONS as SCHEDULE_TOOLS
 
@@ -49,15 +53,16 @@ def context_for(session_id: uuid.UUID, call_id: str) -> ToolContext:
     return ToolContext(session_id=session_id, call_id=call_id, workspace=workspace_dir(session_id))
 
 
-# -- sandbox ---------------------------------------------------------------
+# -- the workspace: the session's documents --------------------------------
 
 
 def _root(ctx: ToolContext) -> Path:
+    """debug.charge's local directory (it stands for an external system)."""
     ctx.workspace.mkdir(parents=True, exist_ok=True)
     return ctx.workspace.resolve(strict=True)
 
 
-def _relative(path: Any) -> PurePosixPath:
+def _relative(path: Any) -> str:
     if not isinstance(path, str) or not path.strip():
         raise ToolError("path must be a non-empty string")
     if "\x00" in path:
@@ -71,52 +76,20 @@ def _relative(path: Any) -> PurePosixPath:
         raise ToolError("path must not contain '..'")
     if rel.parts in ((), (".",)):
         raise ToolError("path must name a file inside the workspace")
-    return rel
-
-
-def _resolve(ctx: ToolContext, path: Any) -> tuple[Path, Path]:
-    """The workspace root and the target, both with symlinks resolved."""
-    root = _root(ctx)
-    try:
-        target = (root / _relative(path)).resolve(strict=False)
-    except (OSError, RuntimeError):  # symlink loops; RuntimeError before 3.13
-        raise ToolError("path cannot be resolved") from None
-    if target == root or not target.is_relative_to(root):
-        raise ToolError("path escapes the workspace")
-    return root, target
+    return rel.as_posix()
 
 
 def _read(ctx: ToolContext, args: dict[str, Any]) -> str:
-    _, target = _resolve(ctx, args.get("path"))
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {args['path']}") from None
-    except OSError as exc:
-        raise ToolError(f"cannot open {args['path']}: {exc.strerror}") from None
-    try:
-        data = _read_regular(fd, args["path"])
-    finally:
-        os.close(fd)
+    name = _relative(args.get("path"))
+    data = documents.store().read(ctx.session_id, name)
+    if data is None:
+        raise ToolError(f"no such file: {args['path']}")
+    if len(data) > MAX_READ_BYTES:
+        raise ToolError(f"{args['path']} is {len(data)} bytes; the read limit is {MAX_READ_BYTES}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ToolError(f"{args['path']} is not UTF-8 text") from None
-
-
-def _read_regular(fd: int, path: str) -> bytes:
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise ToolError(f"{path} is not a regular file")
-    if info.st_size > MAX_READ_BYTES:
-        raise ToolError(f"{path} is {info.st_size} bytes; the read limit is {MAX_READ_BYTES}")
-    chunks, size = [], 0
-    while size <= MAX_READ_BYTES and (chunk := os.read(fd, MAX_READ_BYTES + 1 - size)):
-        chunks.append(chunk)
-        size += len(chunk)
-    if size > MAX_READ_BYTES:  # it grew after the fstat
-        raise ToolError(f"{path} is larger than the read limit of {MAX_READ_BYTES} bytes")
-    return b"".join(chunks)
 
 
 def _write(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -126,75 +99,38 @@ def _write(ctx: ToolContext, args: dict[str, Any]) -> str:
     data = content.encode("utf-8")
     if len(data) > MAX_WRITE_BYTES:
         raise ToolError(f"content is {len(data)} bytes; the write limit is {MAX_WRITE_BYTES}")
-    root, target = _resolve(ctx, args.get("path"))
-    _make_parents(root, target.parent)
-    if target.is_dir():
-        raise ToolError(f"{args['path']} is a directory")
-    _replace(target, data)
-    return f"wrote {len(data)} bytes to {target.relative_to(root).as_posix()}"
+    name = _relative(args.get("path"))
+    try:
+        written = documents.store().write(ctx.session_id, name, data, fence=ctx.fence, call_id=ctx.call_id)
+    except TerretError as exc:  # a bound, a path that is a directory: the model reads why
+        raise ToolError(str(exc)) from exc
+    return f"wrote {len(data)} bytes to {written}"
 
 
 def _reconcile_write(ctx: ToolContext, args: dict[str, Any]) -> Reconciliation:
-    """Done if the file holds exactly the content the attempt was to write
-    (compared by hash); otherwise not done, and the write runs again. A path
-    the write would refuse is not done either: running it gives the error."""
+    """Done if the document's head holds exactly the content the attempt was
+    to write (compared by hash); otherwise not done, and the write runs
+    again. A path the write would refuse is not done either: running it
+    gives the error."""
     content = args.get("content")
     if not isinstance(content, str):
         return Reconciliation("not_done")
     try:
-        root, target = _resolve(ctx, args.get("path"))
-        current = target.read_bytes() if target.is_file() and not target.is_symlink() else None
-    except (ToolError, OSError):
+        name = _relative(args.get("path"))
+    except ToolError:
         return Reconciliation("not_done")
     data = content.encode("utf-8")
-    if current is None or hashlib.sha256(current).digest() != hashlib.sha256(data).digest():
+    if documents.store().digest(ctx.session_id, name) != hashlib.sha256(data).hexdigest():
         return Reconciliation("not_done")
-    return Reconciliation("done", f"wrote {len(data)} bytes to {target.relative_to(root).as_posix()}")
-
-
-def _make_parents(root: Path, parent: Path) -> None:
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ToolError("a parent of the path is a file, not a directory") from None
-    # mkdir may have walked through a symlink created after _resolve looked.
-    if not parent.resolve(strict=True).is_relative_to(root):
-        raise ToolError("path escapes the workspace")
-
-
-def _replace(target: Path, data: bytes) -> None:
-    # Write-then-rename: a crash mid-write leaves the old file, never half a
-    # new one, which is what makes a re-run after a crash safe. os.replace
-    # swaps a symlink at `target` out rather than writing through it.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".terret-write-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    return Reconciliation("done", f"wrote {len(data)} bytes to {name}")
 
 
 def _list(ctx: ToolContext, args: dict[str, Any]) -> str:
-    root = _root(ctx)
-    lines: list[str] = []
-    for current, dirs, files in os.walk(root):  # does not descend into symlinked dirs
-        dirs.sort()
-        base = Path(current)
-        for name in sorted(files) + [d for d in dirs if (base / d).is_symlink()]:
-            lines.append(_entry(root, base / name))
-            if len(lines) >= MAX_LIST_ENTRIES:
-                return "\n".join([*lines, f"[listing stopped at {MAX_LIST_ENTRIES} entries]"])
+    entries = documents.store().list(ctx.session_id, MAX_LIST_ENTRIES + 1)
+    lines = [f"{name} ({size} bytes)" for name, size in entries[:MAX_LIST_ENTRIES]]
+    if len(entries) > MAX_LIST_ENTRIES:
+        lines.append(f"[listing stopped at {MAX_LIST_ENTRIES} entries]")
     return "\n".join(lines) if lines else "(workspace is empty)"
-
-
-def _entry(root: Path, path: Path) -> str:
-    rel = path.relative_to(root).as_posix()
-    if path.is_symlink():
-        return f"{rel} (symlink)"
-    return f"{rel} ({path.lstat().st_size} bytes)"
 
 
 # -- the rest --------------------------------------------------------------

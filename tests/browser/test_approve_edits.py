@@ -25,6 +25,7 @@ from approvals_app import services as approvals
 from sessions_app import services
 from sessions_app.models import Event
 from tests.approvals_app.conftest import park
+from tests.helpers import document_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis]
 
@@ -86,8 +87,7 @@ def test_edit_approve_from_the_queue_runs_the_edited_arguments(
 
     # The owner's page unparks live; the tool wrote the reviewer's text.
     expect(user.locator("#status")).to_have_text("idle", timeout=30_000)
-    written = tmp_path / "workspaces" / session.id.hex / "notes.txt"
-    assert written.read_text() == "edited in the browser"
+    assert document_text(session.id, "notes.txt") == "edited in the browser"
     [result] = Event.objects.filter(session=session, kind="tool/result").values_list("data", flat=True)
     assert "A reviewer edited the arguments" in result["content"]
     [verdict] = Event.objects.filter(session=session, kind="approval/resolved").values_list("data", flat=True)
@@ -152,13 +152,12 @@ def test_allow_for_session_from_the_chat_page(
     on_screen(reviewer, reviewer.locator("#approvals").get_by_role("button", name="Approve", exact=True))
     allow.click()
     expect(user.locator("#status")).to_have_text("idle", timeout=30_000)
-    workspace = tmp_path / "workspaces" / session.id.hex
-    assert (workspace / "one.txt").read_text() == "first"
+    assert document_text(session.id, "one.txt") == "first"
 
     # The next write runs without asking.
     send(user, "write two.txt: second")
     expect(user.locator("#log .k-turn-end")).to_have_count(2, timeout=30_000)
-    assert (workspace / "two.txt").read_text() == "second"
+    assert document_text(session.id, "two.txt") == "second"
     assert Event.objects.filter(session=session, kind="approval/requested").count() == 1
 
     # The policy editor shows the waiver, laid out for the width; Ask again takes it back.

@@ -42,7 +42,10 @@ ACTIONS: dict[str, str] = {
     "approvals": "view",
     "policy editor": "view",
     "events": "view",
+    "documents": "view",
+    "document": "view",
     "send": "drive",
+    "write document": "drive",
     "cancel": "drive",
     "policy": "drive",
     "budget": "drive",
@@ -135,6 +138,9 @@ API = {
     "decide": api("POST", "/approvals/c1", {"verdict": "approve"}),
     "resolve": api("POST", "/effects/c1/resolve", {"action": "failed", "result": "no"}),
     "abandon": api("POST", "/abandon", {"reason": "test"}),
+    "documents": api("GET", "/documents"),
+    "document": api("GET", "/documents/notes/a.txt?version=1"),
+    "write document": api("PUT", "/documents/notes/a.txt", {"content": "hi"}),
 }
 
 

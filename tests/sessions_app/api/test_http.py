@@ -59,6 +59,8 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/sessions/{session_id}/abandon",
         "/api/sessions/{session_id}/revoke",
         "/api/sessions/{session_id}/restore",
+        "/api/sessions/{session_id}/documents",
+        "/api/sessions/{session_id}/documents/{name}",
         "/api/ops/attention",
         "/api/ops/suspend",
         "/api/ops/resume",

@@ -24,6 +24,7 @@ from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime.drive import drive
 from sessions_app.services import sessions as session_services
 from tests.fakes.fake_llm import Reply
+from tests.helpers import document_text
 from tests.sessions_app.apiutil import token_for
 from tests.sessions_app.lg.conftest import PROFILE
 
@@ -110,7 +111,7 @@ def test_a_command_beside_an_empty_input_wins(
     answer = run(client, lg_token, thread, resume)
     assert answer.status_code == 200, answer.json()
     assert drive(thread) == "ended"
-    assert (tmp_path / uuid.UUID(thread).hex / "a.txt").read_text() == "hi"
+    assert document_text(thread, "a.txt") == "hi"
     assert Event.objects.filter(session_id=thread, kind="approval/resolved", data__verdict="approve").count() == 1
 
 

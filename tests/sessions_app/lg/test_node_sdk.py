@@ -11,13 +11,13 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.fake_llm import Reply
+from tests.helpers import document_text
 from tests.sessions_app.lg.conftest import PROFILE
 from tests.sessions_app.liveserver import DaphneProcess
 from tests.workers import ROOT
@@ -73,7 +73,7 @@ async def test_the_js_client_streams_an_interrupt_and_resumes(
     assert out["finalTypes"] == ["human", "ai", "tool", "ai"]
     assert out["finalText"] == "Written."
     assert out["threadStatus"] == "idle"
-    assert (tmp_path / uuid.UUID(out["threadId"]).hex / "notes.txt").read_text() == "from node"
+    assert await asyncio.to_thread(document_text, out["threadId"], "notes.txt") == "from node"
     assert len(fake_llm.requests) == 2
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from langgraph_sdk.errors import ConflictError
 
 from sessions_app.models import Event
 from tests.fakes.fake_llm import Reply
+from tests.helpers import document_text
 from tests.sessions_app.lg.conftest import PROFILE
 from tests.sessions_app.liveserver import DaphneProcess
 from tests.sessions_app.sockutil import db
@@ -181,7 +181,7 @@ async def scenario(client: Any, servers: list[DaphneProcess], fake_llm: Any, wor
     assert (await client.threads.get(tid))["status"] == "interrupted"
     run = await client.runs.get(tid, run_id)
     assert run["status"] == "interrupted"
-    assert not (workspace / uuid.UUID(tid).hex / "notes.txt").exists(), "nothing ran before the decision"
+    assert await db(lambda: document_text(tid, "notes.txt"))() is None, "nothing ran before the decision"
 
     # 5. join_stream from a Last-Event-ID: exactly what came after it
     # A sub-frame id ("N.k": a frame before the last one made from event N) if there is one.
@@ -219,7 +219,7 @@ async def scenario(client: Any, servers: list[DaphneProcess], fake_llm: Any, wor
     assert [m["type"] for m in last_values["messages"]] == ["human", "ai", "tool", "ai"]
     assert resumed[-1].event == "end"
     # The edit is what ran, and what the AI message's tool call now shows.
-    assert (workspace / uuid.UUID(tid).hex / "notes.txt").read_text() == "edited by a reviewer"
+    assert await db(lambda: document_text(tid, "notes.txt"))() == "edited by a reviewer"
     assert last_values["messages"][1]["tool_calls"][0]["args"] == EDITED["arguments"]
     assert len(fake_llm.requests) == requests_before + 1
     assert (await client.threads.get(tid))["status"] == "idle"

@@ -19,6 +19,7 @@ D64 = "a" * 64  # a version digest
 
 # Every kind needs at least one accepted and one rejected payload here; a test
 # below fails when a kind is added to the catalogue without them.
+
 VALID: dict[str, list[dict[str, Any]]] = {
     "user/message": [
         {"text": "hi"},
@@ -230,6 +231,36 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"parent": "p", "at_seq": 3, "policy": "fresh", "seed_upto": 1, "requested_seq": 5, "by": "alice"},
     ],
     "session/forked_to": [{"child": "c", "at_seq": 12}, {"child": "c", "at_seq": 1, "policy": "current", "by": "a"}],
+    "document/written": [
+        {
+            "name": "a.txt",
+            "kind": "file",
+            "scope": "conversation",
+            "incarnation": 1,
+            "version": 1,
+            "sha256": D64,
+            "size": 0,
+        },
+        {
+            "name": "s.json",
+            "kind": "json",
+            "scope": "task",
+            "incarnation": 2,
+            "version": 3,
+            "sha256": D64,
+            "size": 9,
+            "schema": "plan",
+            "schema_version": 2,
+            "migrated_from": 1,
+            "task": "t1",
+            "call_id": "c",
+            "by": "a",
+        },
+    ],
+    "document/retired": [
+        {"name": "a", "incarnation": 1, "reason": "deleted"},
+        {"name": "a", "incarnation": 2, "reason": "task_ended", "by": "x"},
+    ],
 }
 
 INVALID: dict[str, list[Any]] = {
@@ -363,6 +394,23 @@ INVALID: dict[str, list[Any]] = {
         {"parent": "p", "at_seq": 1, "policy": "later", "seed_upto": 1},
     ],
     "session/forked_to": [{"child": "c"}, {"child": "", "at_seq": 1}, {"child": "c", "at_seq": 1, "policy": "x"}],
+    "document/written": [
+        {
+            "name": "a",
+            "kind": "file",
+            "scope": "conversation",
+            "incarnation": 1,
+            "version": 1,
+            "sha256": "x",
+            "size": 0,
+        },
+        {"name": "a", "kind": "file", "scope": "folder", "incarnation": 1, "version": 1, "sha256": D64, "size": 0},
+        {"name": "", "kind": "file", "scope": "task", "incarnation": 1, "version": 1, "sha256": D64, "size": 0},
+    ],
+    "document/retired": [
+        {"name": "a", "incarnation": 0, "reason": "deleted"},
+        {"name": "a", "incarnation": 1, "reason": "gone"},
+    ],
 }
 
 EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}

@@ -18,7 +18,7 @@ import pytest
 from sessions_app import log, services
 from sessions_app.log.projection import derive_messages
 from sessions_app.models import AgentProfile, Event, ModelWindow, Session
-from sessions_app.runtime import hooks, lease
+from sessions_app.runtime import documents, hooks, lease
 from sessions_app.runtime.drive import drive
 from tests.fakes.fake_llm import REFUSALS, Reply
 from tests.helpers import events
@@ -171,9 +171,7 @@ def test_a_declared_window_compacts_before_anything_is_refused(
 def test_one_turn_of_twenty_steps_with_8kb_results_compacts_mid_turn(
     model: Any, session: Session, settings: Any
 ) -> None:
-    workspace = settings.TERRET_WORKSPACE_ROOT / session.id.hex
-    workspace.mkdir(parents=True)
-    (workspace / "big.txt").write_text("r" * 8_000)
+    documents.write(session.id, "big.txt", b"r" * 8_000)
     steps = {"n": 0}
 
     def respond(body: dict[str, Any]) -> Reply:

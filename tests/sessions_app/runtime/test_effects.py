@@ -12,7 +12,6 @@ worker processes killed with SIGKILL are in test_effects_kill.py."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,8 +22,8 @@ from django.utils import timezone
 
 from sessions_app import log, services
 from sessions_app.errors import EffectNotPending
-from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.runtime import effects, lease
+from sessions_app.models import AgentProfile, DocumentVersion, Event, Session
+from sessions_app.runtime import documents, effects, lease
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.effects import effects_audit
 from sessions_app.services.effects import resolve
@@ -138,33 +137,23 @@ def assert_gapless(session: Session) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-@pytest.fixture
-def writes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every file the workspace.write handler replaces, as it replaces it
-    (the real write still happens: this only counts executions)."""
-    done: list[Path] = []
-    real = builtins._replace
-
-    def counting(target: Path, data: bytes) -> None:
-        done.append(target)
-        real(target, data)
-
-    monkeypatch.setattr(builtins, "_replace", counting)
-    return done
+def writes(session: Session, name: str) -> list[bytes]:
+    """Every version of the document, oldest first: one per execution of a
+    workspace.write that took effect (counted at the target, the store)."""
+    rows = DocumentVersion.objects.filter(document__session=session, document__name=name).order_by("version")
+    return [bytes(v.content.data) for v in rows.select_related("content")]
 
 
 # -- workspace.write: reconcile ------------------------------------------------
 
 
-def test_write_crashed_before_its_effect_runs_once_more(fake_llm: Any, session: Session, writes: list[Path]) -> None:
+def test_write_crashed_before_its_effect_runs_once_more(fake_llm: Any, session: Session) -> None:
     crash = crash_after_intent(session, "workspace.write", {"path": "notes/a.txt", "content": "hello"})
-    target = workspace(session) / "notes" / "a.txt"
-    assert not target.exists()
+    assert writes(session, "notes/a.txt") == []
     fake_llm.script(Reply(text="written"))
     assert drive(session.id) == "ended"
 
-    assert writes == [target.resolve()], "the write ran exactly once, after the reconcile said not done"
-    assert target.read_text() == "hello"
+    assert writes(session, "notes/a.txt") == [b"hello"], "the write ran exactly once, after the reconcile said not done"
     assert [(a["attempt"], a["idempotency_key"]) for a in attempts(session)] == [(1, crash.key), (2, crash.key)]
     assert replaced(session) == [(1, "not_done")]
     (result,) = results(session)
@@ -175,20 +164,13 @@ def test_write_crashed_before_its_effect_runs_once_more(fake_llm: Any, session: 
     assert_audit(session, done=1, superseded=1, calls=1)
 
 
-def test_write_crashed_after_its_effect_is_reconciled_not_rerun(
-    fake_llm: Any, session: Session, writes: list[Path]
-) -> None:
+def test_write_crashed_after_its_effect_is_reconciled_not_rerun(fake_llm: Any, session: Session) -> None:
     crash = crash_after_intent(session, "workspace.write", {"path": "a.txt", "content": "the intended content"})
-    target = workspace(session) / "a.txt"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("the intended content")  # what the dead attempt did before it could report
-    before = os.stat(target)
+    documents.write(session.id, "a.txt", b"the intended content")  # what the dead attempt did before it could report
     fake_llm.script(Reply(text="it was written"))
     assert drive(session.id) == "ended"
 
-    after = os.stat(target)
-    assert writes == [], "the reconcile found the effect: no re-run"
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert writes(session, "a.txt") == [b"the intended content"], "the reconcile found the effect: no re-run"
     assert [a["attempt"] for a in attempts(session)] == [1]
     (result,) = results(session)
     assert result["attempt"] == 1 and result["via"] == "reconcile" and not result["is_error"]
@@ -200,18 +182,13 @@ def test_write_crashed_after_its_effect_is_reconciled_not_rerun(
     assert_audit(session, done=1, calls=1)
 
 
-def test_write_over_a_different_file_is_rerun(fake_llm: Any, session: Session, writes: list[Path]) -> None:
+def test_write_over_a_different_file_is_rerun(fake_llm: Any, session: Session) -> None:
     crash = crash_after_intent(session, "workspace.write", {"path": "a.txt", "content": "new"})
-    target = workspace(session) / "a.txt"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("old")  # the attempt died before its rename
-    before = os.stat(target)
+    documents.write(session.id, "a.txt", b"old")  # the document held something else
     fake_llm.script(Reply(text="rewritten"))
     assert drive(session.id) == "ended"
 
-    assert writes == [target.resolve()]
-    assert target.read_text() == "new"
-    assert os.stat(target).st_ino != before.st_ino  # write-then-rename: a new file
+    assert writes(session, "a.txt") == [b"old", b"new"]  # the re-run wrote its version, once
     assert [(a["attempt"], a["idempotency_key"]) for a in attempts(session)] == [(1, crash.key), (2, crash.key)]
     assert replaced(session) == [(1, "not_done")]
     (result,) = results(session)

@@ -192,6 +192,11 @@ async def drive(api: httpx.AsyncClient, open_socket: Any) -> None:
         assert end["data"]["status"] == "completed"
         result = await watch.wait(lambda f: f.get("kind") == "tool/result" and f["seq"] > asked["seq"])
         assert not result["data"].get("is_error"), result
+        # What it wrote is the session's document, whichever process ran the tool.
+        listed = (await api.get(f"/sessions/{sid}/documents")).json()["documents"]
+        assert [(d["name"], d["version"], d["size"]) for d in listed] == [("notes.txt", 1, 5)]
+        doc = (await api.get(f"/sessions/{sid}/documents/notes.txt")).json()
+        assert (doc["content"], doc["encoding"]) == ("hello", "utf-8")
 
         # Narrow the policy: the same request is now refused by the allow-list.
         policy = await api.put(f"/sessions/{sid}/policy", json={"patterns": ["clock.*"]})

@@ -18,7 +18,7 @@ from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.errors import NotBlocked
 from sessions_app.models import AgentProfile, Session
-from sessions_app.runtime import hooks
+from sessions_app.runtime import documents, hooks
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.storable import CUT_MARK
 from tests.fakes.fake_llm import Reply
@@ -101,9 +101,7 @@ def test_a_tool_result_the_log_refuses_fails_the_turn(fake_llm: Any, session: Se
     # Results are cut to fit, so make the cut larger than what the log takes.
     settings.TERRET_MAX_TOOL_RESULT_CHARS = 10_000_000
     settings.TERRET_MAX_EVENT_BYTES = 20_000
-    workspace = settings.TERRET_WORKSPACE_ROOT / session.id.hex
-    workspace.mkdir(parents=True, exist_ok=True)
-    (workspace / "big.txt").write_text("x" * 50_000)
+    documents.write(session.id, "big.txt", b"x" * 50_000)
     fake_llm.script(Reply(tool_calls=[("workspace.read", {"path": "big.txt"})]), Reply(text="never asked"))
     services.run_turn(session.id, "read it")
     assert drive_until_quiet(session)[-1] == "ended"

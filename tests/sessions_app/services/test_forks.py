@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from approvals_app import services as approval_services
 from policies_app import services as policy_services
@@ -22,7 +21,8 @@ from sessions_app import services
 from sessions_app.errors import InvalidForkPoint, InvalidInput, NotAllowed, SessionRevoked, UnknownSession
 from sessions_app.llm.openai import to_wire
 from sessions_app.log.projection import derive_messages
-from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.models import AgentProfile, Document, Event, Session
+from sessions_app.runtime import documents
 from sessions_app.runtime.drive import drive
 from sessions_app.services import compaction, forks, operators
 from sessions_app.tools.builtins import workspace_dir
@@ -60,11 +60,8 @@ def latest(session: Session, kind: str, before: int | None = None) -> Event:
 
 
 def files(session_id: Any) -> dict[str, str]:
-    """The session's workspace: relative path -> text."""
-    root = workspace_dir(session_id)
-    if not root.is_dir():
-        return {}
-    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    """The session's workspace (its documents): path -> text."""
+    return {i.name: documents.read(session_id, i.name).data.decode() for i in documents.listing(session_id)}
 
 
 def on_the_wire(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,9 +225,9 @@ def test_refused_seq_names_the_nearest_points(history: History, owner: Any) -> N
     assert past.value.before == before and "past the log's head" in str(past.value)
     with pytest.raises(InvalidForkPoint):
         forks.fork(parent.id, 0, "fresh", user=owner)
-    # nothing written anywhere: no session, no event, no workspace
+    # nothing written anywhere: no session, no event, no document
     assert head(parent) == before and Session.objects.count() == sessions
-    assert sorted(p.name for p in Path(settings.TERRET_WORKSPACE_ROOT).iterdir()) == [parent.id.hex]
+    assert set(Document.objects.values_list("session_id", flat=True)) == {parent.id}
 
 
 def test_every_seq_of_a_step_is_refused_and_its_ends_accepted(history: History, owner: Any) -> None:
@@ -274,8 +271,8 @@ def test_an_operators_hold_is_not_escaped_by_forking(history: History, owner: An
     before, sessions = head(parent), Session.objects.count()
     with pytest.raises(SessionRevoked):
         forks.fork(parent.id, history.points["mid"], "current", user=owner)
-    # the workspace copied before the lock is gone with the refusal
-    assert sorted(p.name for p in Path(settings.TERRET_WORKSPACE_ROOT).iterdir()) == [parent.id.hex]
+    # the documents are copied under the lock: nothing of a fork is left by the refusal
+    assert set(Document.objects.values_list("session_id", flat=True)) == {parent.id}
     operators.restore(parent.id, by="ops")
     operators.suspend("session", str(parent.id), by="ops")
     with pytest.raises(NotAllowed):
@@ -371,10 +368,11 @@ def test_external_effects_are_not_inherited(fake_llm: Any, session: Session, own
     """debug.charge's record of its executions stays with the parent, under
     every policy, and no attempt is copied."""
     turn(fake_llm, session, "charge", Reply(tool_calls=[("debug.charge", {})]), Reply(text="charged"))
-    assert "charges.log" in files(session.id)
+    assert (workspace_dir(session.id) / "charges.log").is_file()  # the external system's record
     for policy in forks.POLICIES:
         child = forks.fork(session.id, head(session), policy, user=owner)
-        assert "charges.log" not in files(child.id), policy
+        assert not (workspace_dir(child.id) / "charges.log").exists(), policy
+        assert files(child.id) == {}, policy
         assert not Event.objects.filter(session=child, kind="tool/attempt").exists()
 
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import os
 import time
-import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from sessions_app import services
+from sessions_app.models import Document, DocumentContent, Event
+from sessions_app.runtime import documents
 from sessions_app.tools import builtins, executor
 from sessions_app.tools.base import Definition, ToolContext, ToolError
 from sessions_app.tools.builtins import BUILTINS, MAX_READ_BYTES, MAX_WRITE_BYTES
 from sessions_app.tools.executor import MAX_RESULT_BYTES, ToolOutcome, execute
+from tests.helpers import edit_profile
 
 
 @pytest.fixture
@@ -35,8 +38,8 @@ def outside(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(root: Path) -> ToolContext:
-    return builtins.context_for(uuid.uuid4(), "call-1")
+def ctx(root: Path, session) -> ToolContext:
+    return builtins.context_for(session.id, "call-1")
 
 
 def run(name: str, ctx: ToolContext, **args) -> str:
@@ -139,31 +142,42 @@ def test_debug_sleep_schema_caps_at_600(ctx):
     assert "seconds" in outcome.content
 
 
-# -- workspace ---------------------------------------------------------------
+# -- workspace: the session's documents ----------------------------------------
 
 
-def test_workspace_is_created_on_demand_per_session(root, ctx):
-    assert ctx.workspace == root / ctx.session_id.hex
-    assert not ctx.workspace.exists()
+def test_the_workspace_is_documents_not_a_directory(root, ctx):
     assert run("workspace.list", ctx) == "(workspace is empty)"
-    assert ctx.workspace.is_dir()
+    run("workspace.write", ctx, path="notes/a.txt", content="x")
+    assert not root.exists()  # nothing of the agent's world on this host's disk
+    (info,) = documents.listing(ctx.session_id)
+    assert (info.name, info.kind, info.scope, info.version, info.incarnation) == (
+        "notes/a.txt",
+        "file",
+        "conversation",
+        1,
+        1,
+    )
+    written = Event.objects.filter(session_id=ctx.session_id, kind="document/written").values_list("data", flat=True)
+    assert [(d["name"], d["version"], d["call_id"]) for d in written] == [("notes/a.txt", 1, "call-1")]
 
 
 def test_write_read_roundtrip_with_nested_dirs(ctx):
     result = run("workspace.write", ctx, path="notes/day1/todo.md", content="héllo\n")
     assert result == "wrote 7 bytes to notes/day1/todo.md"
-    assert (ctx.workspace / "notes/day1/todo.md").read_text("utf-8") == "héllo\n"
+    assert documents.read(ctx.session_id, "notes/day1/todo.md").data == "héllo\n".encode()
     assert run("workspace.read", ctx, path="notes/day1/todo.md") == "héllo\n"
     assert run("workspace.read", ctx, path="./notes//day1/todo.md") == "héllo\n"
 
 
-def test_write_replaces_and_is_idempotent(ctx):
+def test_every_write_is_a_version_and_content_is_stored_once(ctx):
     run("workspace.write", ctx, path="a.txt", content="one")
     run("workspace.write", ctx, path="a.txt", content="two")
-    run("workspace.write", ctx, path="a.txt", content="two")
+    run("workspace.write", ctx, path="b.txt", content="two")
     assert run("workspace.read", ctx, path="a.txt") == "two"
-    # The write-then-rename leaves no temporary files behind.
-    assert sorted(p.name for p in ctx.workspace.iterdir()) == ["a.txt"]
+    assert documents.read(ctx.session_id, "a.txt", version=1).data == b"one"
+    assert [i.version for i in documents.listing(ctx.session_id)] == [2, 1]
+    assert DocumentContent.objects.filter(sha256=hashlib.sha256(b"two").hexdigest()).count() == 1
+    assert DocumentContent.objects.count() == 2
 
 
 def test_list_shows_files_with_sizes(ctx):
@@ -172,12 +186,13 @@ def test_list_shows_files_with_sizes(ctx):
     assert run("workspace.list", ctx).splitlines() == ["b.txt (5 bytes)", "dir/a.txt (0 bytes)"]
 
 
-def test_sessions_do_not_share_workspaces(root):
-    first = builtins.context_for(uuid.uuid4(), "c1")
-    second = builtins.context_for(uuid.uuid4(), "c2")
-    run("workspace.write", first, path="mine.txt", content="first")
+def test_sessions_do_not_share_workspaces(ctx, owner, profile):
+    other = services.create_session(owner, profile)
+    second = builtins.context_for(other.id, "c2")
+    run("workspace.write", ctx, path="mine.txt", content="first")
     with pytest.raises(ToolError, match="no such file"):
         run("workspace.read", second, path="mine.txt")
+    assert run("workspace.list", second) == "(workspace is empty)"
 
 
 @pytest.mark.parametrize(
@@ -201,7 +216,7 @@ def test_path_escapes_are_refused(ctx, outside, root, tool, path, message):
     with pytest.raises(ToolError, match=message):
         run(tool, ctx, path=path, content="pwned")
     assert snapshot(outside) == before
-    assert snapshot(root) == {}
+    assert not Document.objects.filter(session_id=ctx.session_id).exists()
 
 
 @pytest.mark.parametrize("tool", ["workspace.read", "workspace.write"])
@@ -210,81 +225,9 @@ def test_non_string_paths_are_refused(ctx, tool):
         run(tool, ctx, path=["a"], content="x")
 
 
-def test_absolute_path_inside_the_workspace_is_still_refused(ctx):
-    ctx.workspace.mkdir(parents=True)
-    with pytest.raises(ToolError, match="relative"):
-        run("workspace.write", ctx, path=str(ctx.workspace / "a.txt"), content="x")
-    assert not (ctx.workspace / "a.txt").exists()
-
-
-def test_symlinked_file_pointing_outside_is_refused(ctx, outside):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "link.txt").symlink_to(outside / "secret.txt")
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.read", ctx, path="link.txt")
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.write", ctx, path="link.txt", content="pwned")
-    assert (outside / "secret.txt").read_text() == "top secret"
-
-
-def test_symlinked_dir_pointing_outside_is_refused(ctx, outside):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "out").symlink_to(outside, target_is_directory=True)
-    before = snapshot(outside)
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.read", ctx, path="out/secret.txt")
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.write", ctx, path="out/new.txt", content="pwned")
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.write", ctx, path="out/deeper/new.txt", content="pwned")
-    assert snapshot(outside) == before
-    assert not (outside / "deeper").exists()
-
-
-def test_dangling_symlink_pointing_outside_is_not_written_through(ctx, outside):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "new.txt").symlink_to(outside / "created.txt")
-    with pytest.raises(ToolError, match="escapes"):
-        run("workspace.write", ctx, path="new.txt", content="pwned")
-    assert not (outside / "created.txt").exists()
-
-
-def test_symlink_loop_is_refused(ctx):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "loop").symlink_to(ctx.workspace / "loop")
-    with pytest.raises(ToolError):
-        run("workspace.read", ctx, path="loop")
-
-
-def test_symlink_within_the_workspace_is_allowed(ctx):
-    run("workspace.write", ctx, path="real.txt", content="inside")
-    (ctx.workspace / "alias.txt").symlink_to(ctx.workspace / "real.txt")
-    assert run("workspace.read", ctx, path="alias.txt") == "inside"
-    assert "alias.txt (symlink)" in run("workspace.list", ctx)
-
-
-def test_list_does_not_follow_symlinks_outside(ctx, outside):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "out").symlink_to(outside, target_is_directory=True)
-    listing = run("workspace.list", ctx)
-    assert listing == "out (symlink)"
-    assert "secret" not in listing
-
-
-def test_workspace_root_being_a_symlink_still_works(tmp_path, settings):
-    real = tmp_path / "real-root"
-    real.mkdir()
-    (tmp_path / "link-root").symlink_to(real, target_is_directory=True)
-    settings.TERRET_WORKSPACE_ROOT = tmp_path / "link-root"
-    ctx = builtins.context_for(uuid.uuid4(), "c")
-    run("workspace.write", ctx, path="a.txt", content="ok")
-    assert (real / ctx.session_id.hex / "a.txt").read_text() == "ok"
-
-
 def test_read_size_limit(ctx):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "ok.txt").write_bytes(b"a" * MAX_READ_BYTES)
-    (ctx.workspace / "big.txt").write_bytes(b"a" * (MAX_READ_BYTES + 1))
+    documents.write(ctx.session_id, "ok.txt", b"a" * MAX_READ_BYTES)
+    documents.write(ctx.session_id, "big.txt", b"a" * (MAX_READ_BYTES + 1))
     assert len(run("workspace.read", ctx, path="ok.txt")) == MAX_READ_BYTES
     with pytest.raises(ToolError, match="read limit"):
         run("workspace.read", ctx, path="big.txt")
@@ -295,37 +238,41 @@ def test_write_size_limit_counts_utf8_bytes(ctx):
     # Two bytes per character: under the limit in characters, over it in bytes.
     with pytest.raises(ToolError, match="write limit"):
         run("workspace.write", ctx, path="big.txt", content="é" * (MAX_WRITE_BYTES // 2 + 1))
-    assert not (ctx.workspace / "big.txt").exists()
+    assert [i.name for i in documents.listing(ctx.session_id)] == ["ok.txt"]
 
 
-def test_read_refuses_missing_dirs_binary_and_fifos(ctx):
-    ctx.workspace.mkdir(parents=True)
-    (ctx.workspace / "dir").mkdir()
-    (ctx.workspace / "bin").write_bytes(b"\xff\xfe\x00")
-    os.mkfifo(ctx.workspace / "fifo")
+def test_read_refuses_missing_and_binary(ctx):
+    documents.write(ctx.session_id, "bin", b"\xff\xfe\x00")
     with pytest.raises(ToolError, match="no such file"):
         run("workspace.read", ctx, path="missing.txt")
-    with pytest.raises(ToolError, match="not a regular file"):
-        run("workspace.read", ctx, path="dir")
     with pytest.raises(ToolError, match="not UTF-8"):
         run("workspace.read", ctx, path="bin")
-    with pytest.raises(ToolError, match="not a regular file"):  # and it must not block
-        run("workspace.read", ctx, path="fifo")
 
 
 def test_write_refuses_directories_and_file_parents(ctx):
     run("workspace.write", ctx, path="file.txt", content="x")
-    (ctx.workspace / "dir").mkdir()
+    run("workspace.write", ctx, path="dir/inner.txt", content="y")
     with pytest.raises(ToolError, match="directory"):
         run("workspace.write", ctx, path="dir", content="x")
     with pytest.raises(ToolError, match="parent"):
         run("workspace.write", ctx, path="file.txt/child.txt", content="x")
-    assert (ctx.workspace / "file.txt").read_text() == "x"
+    assert run("workspace.read", ctx, path="file.txt") == "x"
+    assert Event.objects.filter(session_id=ctx.session_id, kind="document/written").count() == 2
 
 
 def test_write_refuses_non_string_content(ctx):
     with pytest.raises(ToolError, match="content"):
         run("workspace.write", ctx, path="a.txt", content=5)
+
+
+def test_a_profile_bound_is_the_tools_error_and_nothing_is_written(ctx, profile):
+    edit_profile(profile, max_document_bytes=4, max_session_document_bytes=6)
+    with pytest.raises(ToolError, match="max_document_bytes"):
+        run("workspace.write", ctx, path="a.txt", content="12345")
+    run("workspace.write", ctx, path="a.txt", content="1234")
+    with pytest.raises(ToolError, match="max_session_document_bytes"):
+        run("workspace.write", ctx, path="b.txt", content="123")
+    assert [(i.name, i.size) for i in documents.listing(ctx.session_id)] == [("a.txt", 4)]
 
 
 # -- executor ----------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""A session's documents as a real directory, for programs that need one.
+
+A program that reads and writes files (a `command` task, an MCP server such
+as server-filesystem) runs in a scratch directory that holds the session's
+documents; what it changes there is committed back as document versions
+when it ends, or at a checkpoint, with the usual fences. So a command's
+world is the journal's world: any worker on any host sees what it wrote.
+
+    from sessions_app.runtime.materialize import materialized
+
+    with materialized(session_id, fence=lease.fence, by="command") as scratch:
+        subprocess.run(argv, cwd=scratch.path, check=False)
+        scratch.checkpoint()  # optional: commit what is there so far
+    # on leaving: changes committed (scratch.outcome), the directory removed
+
+Committing compares each file with the version it was materialized from
+(or last committed at a checkpoint):
+
+- a changed file is written through a handle naming that incarnation and
+  version, so a document written or recreated meanwhile by anyone else is a
+  conflict (left as it is, named in `Outcome.conflicts` once, and not
+  tried again by later commits), never clobbered;
+- a new file is a new document (conversation scope), unless a document of
+  that name appeared meanwhile (a conflict again);
+- a file removed from the directory retires its document (same handle);
+- symlinks and anything but regular files are ignored; a file a bound or
+  the path rules refuse is named in `Outcome.refused` with the reason.
+
+Every write is fenced on `fence` when given: a program that outlives its
+lease commits nothing (LeaseLost propagates). An exception inside the block
+commits nothing unless `commit_on_error` is set; the directory is removed
+either way. Task-scoped documents are materialized only for their own
+`task`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sessions_app import log
+from sessions_app.errors import DocumentConflict, TerretError
+
+from . import documents
+
+SCRATCH_PREFIX = "terret-docs-"
+
+
+@dataclass
+class Outcome:
+    """What the commits so far did, by document name."""
+
+    written: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Scratch:
+    """The materialized directory of one session's documents."""
+
+    session_id: uuid.UUID
+    path: Path
+    fence: log.Fence | None
+    by: str
+    base: dict[str, documents.Info]
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def checkpoint(self) -> Outcome:
+        """Commit what the directory holds now (see the module docstring);
+        later commits compare with what this one left."""
+        found = files_under(self.path)
+        settled = set(self.outcome.conflicts)  # a conflict is reported once, then left alone
+        for name, path in sorted(found.items()):
+            if name not in settled:
+                self._commit_file(name, path)
+        for name in sorted(set(self.base) - set(found) - settled):
+            self._retire(name)
+        return self.outcome
+
+    def _commit_file(self, name: str, path: Path) -> None:
+        data = path.read_bytes()
+        known = self.base.get(name)
+        if known is not None and hashlib.sha256(data).hexdigest() == known.sha256:
+            return
+        expect = None if known is None else documents.Handle(self.session_id, name, known.incarnation, known.version)
+        try:
+            if known is None and documents.head_digest(self.session_id, name) is not None:
+                raise DocumentConflict(f"{name}: a document of that name was written meanwhile")
+            info = documents.write(self.session_id, name, data, by=self.by, fence=self.fence, expect=expect)
+        except DocumentConflict:
+            self.outcome.conflicts.append(name)
+            return
+        except TerretError as exc:
+            self.outcome.refused.append((name, str(exc)))
+            return
+        self.base[info.name] = info
+        self.outcome.written.append(info.name)
+
+    def _retire(self, name: str) -> None:
+        known = self.base[name]
+        try:
+            documents.retire(
+                self.session_id,
+                name,
+                by=self.by,
+                fence=self.fence,
+                expect=documents.Handle(self.session_id, name, known.incarnation, known.version),
+            )
+        except DocumentConflict:
+            self.outcome.conflicts.append(name)
+            return
+        except TerretError as exc:
+            self.outcome.refused.append((name, str(exc)))
+            return
+        del self.base[name]
+        self.outcome.retired.append(name)
+
+
+def files_under(root: Path) -> dict[str, Path]:
+    """The regular files under root by relative POSIX path (no symlink followed)."""
+    found: dict[str, Path] = {}
+    for current, dirs, files in os.walk(root):  # does not descend into symlinked dirs
+        base = Path(current)
+        for name in files:
+            path = base / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            found[path.relative_to(root).as_posix()] = path
+        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+    return found
+
+
+def write_out(session_id: uuid.UUID, dest: Path, *, task: str = "") -> dict[str, documents.Info]:
+    """Write the session's live documents into `dest`; what was written, by name."""
+    base: dict[str, documents.Info] = {}
+    for info in documents.listing(session_id):
+        if info.scope == "task" and info.task != task:
+            continue
+        target = dest / info.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(documents.read(session_id, info.name, version=info.version).data)
+        base[info.name] = info
+    return base
+
+
+@contextmanager
+def materialized(
+    session_id: uuid.UUID,
+    *,
+    fence: log.Fence | None = None,
+    by: str = "program",
+    root: Path | None = None,
+    task: str = "",
+    commit_on_error: bool = False,
+) -> Iterator[Scratch]:
+    """A scratch directory holding the session's documents (under `root`,
+    or the system's temporary directory), committed back on leaving."""
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{session_id.hex[:12]}-", dir=root))
+    try:
+        scratch = Scratch(session_id, path, fence, by, write_out(session_id, path, task=task))
+        try:
+            yield scratch
+        except BaseException:
+            if commit_on_error:
+                scratch.checkpoint()
+            raise
+        scratch.checkpoint()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
