@@ -107,15 +107,25 @@ _default_db = f"sqlite:///{VAR_DIR / 'terret.sqlite3'}"
 # Empty means the default, as for every other variable here.
 _db_url = env_url("DATABASE_URL", _default_db, schemes={"sqlite", "postgres", "postgresql", "pgsql"}) or _default_db
 _db = dj_database_url.parse(_db_url)
+# Embedded SQLite's durability (docs/storage.md): FULL by default.
+TERRET_SQLITE_SYNCHRONOUS = (env_str("TERRET_SQLITE_SYNCHRONOUS", "FULL") or "FULL").upper()
+if TERRET_SQLITE_SYNCHRONOUS not in ("FULL", "NORMAL", "EXTRA"):
+    raise ImproperlyConfigured(
+        f"TERRET_SQLITE_SYNCHRONOUS={TERRET_SQLITE_SYNCHRONOUS!r} must be FULL, EXTRA or NORMAL (docs/storage.md)"
+    )
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # IMMEDIATE makes every atomic block take SQLite's write lock at BEGIN, so
     # the append critical section is serialized there just as the session row
     # lock serializes it on Postgres; WAL lets readers proceed meanwhile.
+    # synchronous=FULL: a commit is on the disk before it is acknowledged (a
+    # 202, a verdict), so it survives power loss as well as a process crash.
+    # NORMAL (TERRET_SQLITE_SYNCHRONOUS=NORMAL) is faster and may lose the
+    # last commits on power loss; docs/storage.md states both.
     _db["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={TERRET_SQLITE_SYNCHRONOUS};",
     }
     # A file, not Django's shared-cache in-memory default: threads and worker
     # processes in tests then see SQLite's real locking, as production does.
