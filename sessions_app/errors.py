@@ -115,6 +115,15 @@ class TurnOpenInLog(TerretError):
     status = 409
 
 
+class InboxFull(TerretError):
+    """The session's waiting input is at its bound (the profile's
+    max_waiting_inputs / max_waiting_bytes): nothing was written. The
+    input is admitted once turns take in what waits."""
+
+    code = "inbox_full"
+    status = 409
+
+
 class IdempotencyConflict(TerretError):
     code = "idempotency_conflict"
     status = 409

@@ -125,6 +125,12 @@ class AgentProfile(models.Model):
     # report it and cancel the turn.
     ON_STALL_CHOICES = [("report", "Report it (turn/stalled)"), ("cancel", "Report it and cancel the turn")]
     on_stall = models.CharField(max_length=16, choices=ON_STALL_CHOICES, default="report")
+    # Pending work, bounded (docs/storage.md, "Bounded pending work"): input
+    # that would wait past either bound is refused (409 inbox_full); passive
+    # writes keep the newest max_passive_inputs, the oldest withdrawn.
+    max_waiting_inputs = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    max_waiting_bytes = models.PositiveIntegerField(default=8 * 1024 * 1024, validators=[MinValueValidator(1024)])
+    max_passive_inputs = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # When a session moves to the profile's newest version (AgentVersion):
