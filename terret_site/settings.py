@@ -310,6 +310,16 @@ TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, m
 TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 900 * 1024, minimum=64 * 1024)
 # The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
 TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
+# The most a socket's outbox holds for a slow client, in bytes (besides its 256 frames):
+# at least one frame, so a frame always fits an empty outbox (live/outbox.py).
+TERRET_SOCKET_OUTBOX_BYTES = env_int("TERRET_SOCKET_OUTBOX_BYTES", 4 * 1024 * 1024, minimum=64 * 1024)
+if TERRET_SOCKET_OUTBOX_BYTES < TERRET_SOCKET_MAX_FRAME_BYTES:
+    raise ImproperlyConfigured(
+        f"TERRET_SOCKET_OUTBOX_BYTES={TERRET_SOCKET_OUTBOX_BYTES} must be at least "
+        f"TERRET_SOCKET_MAX_FRAME_BYTES={TERRET_SOCKET_MAX_FRAME_BYTES}"
+    )
+# The bytes each process's frame cache keeps per watched session (besides 512 frames; live/hub.py).
+TERRET_SOCKET_TAIL_BYTES = env_int("TERRET_SOCKET_TAIL_BYTES", 4 * 1024 * 1024, minimum=64 * 1024)
 # The most payload one page of events carries (GET .../events, a socket's replay batch, an /lg/
 # read), on top of each read's count: a client asking for more is paged (log/reads.py).
 TERRET_READ_MAX_BYTES = env_int("TERRET_READ_MAX_BYTES", 4 * 1024 * 1024, minimum=1024 * 1024)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import models
 
 from sessions_app import log
 from sessions_app.errors import InboxFull
@@ -36,7 +37,9 @@ class Room:
 
 
 def _field_default(name: str) -> int:
-    return int(AgentProfile._meta.get_field(name).get_default())
+    field = AgentProfile._meta.get_field(name)
+    assert isinstance(field, models.Field)
+    return int(field.get_default())
 
 
 def room_of(profile_id: int | None) -> Room:
