@@ -43,6 +43,10 @@ class Outbox[T]:
     def __len__(self) -> int:
         return len(self._items)
 
+    def qsize(self) -> int:
+        """The frames it holds (asyncio.Queue's name)."""
+        return len(self._items)
+
     def _room(self, size: int) -> bool:
         if len(self._items) >= self.max_frames:
             return False
