@@ -124,6 +124,22 @@ class InboxFull(TerretError):
     status = 409
 
 
+class StorageCorrupt(TerretError):
+    """A cold session's archive fails its checksum: nothing was restored,
+    and the session stays cold until an operator looks (docs/storage.md)."""
+
+    code = "storage_corrupt"
+    status = 500
+
+
+class StorageBusy(TerretError):
+    """The session cannot move cold now: a turn is open, input waits, or an
+    approval is pending (docs/storage.md, "Tiering")."""
+
+    code = "storage_busy"
+    status = 409
+
+
 class IdempotencyConflict(TerretError):
     code = "idempotency_conflict"
     status = 409
