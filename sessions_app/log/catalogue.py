@@ -864,7 +864,7 @@ CATALOGUE: dict[str, Kind] = {
             "Storage tiering (docs/storage.md): the session's events up to through_seq moved out of the event "
             "table into a compressed segment (its checksum here); this event is the tombstone the table keeps. "
             "`by`: the staff member, or `policy` (the profile's cold_after_days).",
-            lambda d: [("storage_tier = 'cold', cold_seq = %s", [d["through_seq"]])],
+            lambda d: [("storage_tier = 'cold'", []), ("cold_seq = %s", [d["through_seq"]])],
         ),
         Kind(
             "storage/hot",
@@ -872,7 +872,7 @@ CATALOGUE: dict[str, Kind] = {
             False,
             "A cold session's events are back in the event table, with their own seqs (checksum verified). "
             "`by`: a staff member, or empty when a touch of the session read it back.",
-            lambda d: [("storage_tier = 'hot', cold_seq = NULL", [])],
+            lambda d: [("storage_tier = 'hot'", []), ("cold_seq = NULL", [])],
         ),
         Kind(
             "storage/deleted",
