@@ -14,6 +14,7 @@ from sessions_app.log.catalogue import CATALOGUE, MODEL_VISIBLE, InvalidPayload,
 from sessions_app.log.projection import render
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
+SHA = "a" * 64
 CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
 
 # Every kind needs at least one accepted and one rejected payload here; a test
@@ -127,7 +128,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "turn/start": [
         {},
         {"by": "alice"},
-        {"version": {"number": 2, "digest": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}},
+        {"version": {"number": 2, "digest": SHA}},
     ],
     "turn/end": [{"status": s} for s in ("completed", "cancelled", "rejected", "empty", "failed")]
     + [
@@ -193,8 +194,8 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "session/archived": [{}, {"by": "owner"}],
     "session/unarchived": [{"by": "owner"}],
     "storage/cold": [
-        {"through_seq": 9, "events": 9, "bytes": 900, "stored_bytes": 120, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},
-        {"through_seq": 9, "events": 8, "bytes": 0, "stored_bytes": 0, "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "by": "policy"},
+        {"through_seq": 9, "events": 9, "bytes": 900, "stored_bytes": 120, "sha256": SHA},
+        {"through_seq": 9, "events": 8, "bytes": 0, "stored_bytes": 0, "sha256": SHA, "by": "policy"},
     ],
     "storage/hot": [{"through_seq": 9}, {"through_seq": 9, "events": 9, "by": "staff"}],
     "storage/deleted": [{"through_seq": 0}, {"through_seq": 9, "events": 9, "by": "policy"}],

@@ -7,6 +7,7 @@ new turn, on both databases, and under a real worker on PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import zlib
 from datetime import timedelta
 from typing import Any
@@ -216,3 +217,37 @@ def test_under_a_worker_a_cold_session_takes_its_next_turn(
     said = [m.get("content") for m in fake_llm.requests[0]["messages"] if m["role"] == "user"]
     assert said[0] == "request 0: ünïcode and all" and said[-1] == "wake up"
     assert rows(session.id) == Session.objects.get(id=session.id).last_seq
+
+
+def test_bytes_per_session_profile_and_total_on_metrics_and_the_admin(
+    client: Any, session: Session, staff: Any, make_user: Any, profile: Any
+) -> None:
+    from tests.terret_site.test_metrics import scrape, value
+
+    other = services.create_session(make_user("other"), profile)
+    build(session.id, 30)
+    build(other.id, 10)
+    a, b = (Session.objects.get(id=s.id).log_bytes for s in (session, other))
+    assert a > 2.5 * b > 0  # 301 events against 100: linear in the events
+    for s in (session, other):  # the payloads' UTF-8 bytes, as the append wrote them
+        payloads = Event.objects.filter(session=s).values_list("data", flat=True)
+        stored = sum(len(json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()) for d in payloads)
+        assert Session.objects.get(id=s.id).log_bytes == stored
+    client.force_login(staff)
+    samples = scrape(client)
+    assert value(samples, "terret_log_bytes", profile=profile.name, tier="hot") == a + b
+    assert value(samples, "terret_log_events", profile=profile.name, tier="hot") == 301 + 100
+    assert value(samples, "terret_log_bytes_largest_session") == a
+    actions.set_storage(staff, session.id, "cold")
+    samples = scrape(client)
+    cold_bytes = Session.objects.get(id=session.id).log_bytes
+    assert value(samples, "terret_log_bytes", profile=profile.name, tier="cold") == cold_bytes
+    assert value(samples, "terret_cold_stored_bytes", profile=profile.name) == ColdSegment.objects.get().stored_bytes
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    page = client.get("/admin/sessions_app/session/").content.decode()
+    assert f'<td class="field-log_size">{cold_bytes:,}</td>' in page  # per session
+    total = sum(Session.objects.values_list("log_bytes", flat=True))
+    assert total == cold_bytes + b  # the tombstone's bytes count, as every event's
+    assert f"{total:,} bytes of log in total" in page  # in total
+    profiles = client.get("/admin/sessions_app/agentprofile/").content.decode()
+    assert f'<td class="field-log_size">{total:,}</td>' in profiles  # per profile
