@@ -198,14 +198,14 @@ class DatabaseCollector(Collector):
         rows = (
             Session.objects.values("profile__name", "storage_tier")
             .annotate(
-                events=Coalesce(Sum("last_seq"), 0, output_field=BigIntegerField()),
+                n_events=Coalesce(Sum("last_seq"), 0, output_field=BigIntegerField()),
                 nbytes=Coalesce(Sum("log_bytes"), 0, output_field=BigIntegerField()),
             )
             .order_by("profile__name", "storage_tier")
         )
         for r in rows:
             labels = [_profile(r["profile__name"]), r["storage_tier"]]
-            events.add_metric(labels, _int(r["events"]))
+            events.add_metric(labels, _int(r["n_events"]))
             nbytes.add_metric(labels, _int(r["nbytes"]))
         yield events
         yield nbytes
@@ -220,8 +220,8 @@ class DatabaseCollector(Collector):
             .annotate(n=Coalesce(Sum("stored_bytes"), 0, output_field=BigIntegerField()))
             .order_by("session__profile__name")
         )
-        for r in cold:
-            stored.add_metric([_profile(r["session__profile__name"])], _int(r["n"]))
+        for c in cold:
+            stored.add_metric([_profile(c["session__profile__name"])], _int(c["n"]))
         yield stored
         largest = Session.objects.aggregate(m=Max("log_bytes"))["m"]
         yield GaugeMetricFamily(
