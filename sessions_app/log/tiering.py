@@ -114,6 +114,8 @@ def freeze_in(tx: Any, *, by: str) -> ColdSegment | None:
         # The append-only trigger lets this transaction, and only it, delete (migration 0033).
         b.fetch_unprepared("SET LOCAL terret.tiering = 'on'", [])
     b.fetch_unprepared(f"DELETE FROM {EVENT_TABLE} WHERE session_id = %s AND seq <= %s", [sid, through])
+    if connection.vendor == "postgresql":
+        b.fetch_unprepared("SET LOCAL terret.tiering = 'off'", [])  # for this DELETE only
     tx.append(
         "storage/cold",
         {
