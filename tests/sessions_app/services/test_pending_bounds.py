@@ -113,3 +113,37 @@ def test_inbox_full_through_lg_and_the_chat_page(client: Any, owner: Any, busy: 
     r = page.post(reverse("sessions:message", args=[busy.id]), {"text": "more"}, headers={"HX-Request": "true"})
     assert r["X-Terret-Error"] == "inbox_full"
     assert event_count() == before
+
+
+@pytest.mark.worker
+def test_under_a_worker_the_bound_holds_while_a_turn_runs_and_frees_as_it_takes_input_in(
+    start_worker: Any, fake_llm: Any, session: Any, profile: Any
+) -> None:
+    """A real worker streams a reply that hangs; steers past the bound get
+    409 and write nothing; once the turn takes the waiting steers in (its
+    next step) and ends, input is admitted again. The model sees exactly the
+    admitted steers (counted at the fake server)."""
+    import threading
+
+    from tests.fakes.fake_llm import Reply
+    from tests.helpers import wait_for
+
+    edit_profile(profile, max_waiting_inputs=2)
+    release = threading.Event()
+    fake_llm.script(Reply(tool_calls=[("debug.noop", {})], hang=release), Reply(text="took them in"))
+    start_worker(name="a")
+    services.inject(session.id, "start")
+    wait_for(lambda: len(fake_llm.requests) == 1, what="the first model request")
+    services.inject(session.id, "steer 1")
+    services.inject(session.id, "steer 2")
+    before = Event.objects.filter(session=session).count()
+    with pytest.raises(InboxFull):
+        services.inject(session.id, "steer 3")
+    assert Event.objects.filter(session=session).count() == before
+    release.set()
+    wait_for(lambda: Event.objects.filter(session=session, kind="turn/end").exists(), what="the turn's end")
+    assert len(fake_llm.requests) == 2
+    said = json.dumps(fake_llm.requests[1]["messages"])
+    assert "steer 1" in said and "steer 2" in said and "steer 3" not in said
+    fake_llm.script(Reply(text="again"))
+    assert services.inject(session.id, "steer 3").disposition in ("started", "queued")
