@@ -1,7 +1,7 @@
 """Capacity benchmark (issue 19): what one PostgreSQL and two workers hold.
 
     DATABASE_URL=postgres://root@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/11 \
-        .venv/bin/python bench/scale.py [--only idle,parked,drive,turns,pg]
+        .venv/bin/python bench/scale.py [--only idle,parked,drive,turns,pg,storage]
 
 Every figure is a ratio against a baseline measured in the same run:
 
@@ -33,6 +33,14 @@ drive   the runtime's own CPU per two-step turn, in one process without a
 pg      appends/s with 1, 8, 32 and 64 sessions in parallel (one writer
         process each, sessions_app.log.append), bytes per event in table
         and indexes, events per turn, and the capacity model they give.
+storage growth of one session's log (issue 33.5): closed two-step turns
+        (bench/long_session.py's, 10 events each) appended through
+        sessions_app.log, with Session.log_bytes and the event table's
+        table + index bytes per turn at 250, 500, 1,000 and 2,000 turns
+        (linear: the last per-turn figure / the first, target <= 1.1), then
+        the session moved cold (log/tiering.py): the compression ratio
+        (payload bytes / stored bytes, target >= 3), the table's rows left
+        and the time to move it cold and to read it back.
 
 `--partitioned SCRIPT [ARGS]` runs another benchmark (bench/append.py,
 bench/long_session.py) with the event table hash-partitioned by session_id
@@ -1045,6 +1053,61 @@ def run_pg(opts: argparse.Namespace) -> bool:
     return True
 
 
+TARGET_LINEAR = 1.1
+TARGET_COMPRESSION = 3.0
+
+
+def run_storage(opts: argparse.Namespace) -> bool:
+    from bench._setup import scratch_database
+
+    scratch_database(f"{PREFIX}_storage")
+    from django.contrib.auth.models import User
+
+    from bench.long_session import _turn_events
+    from sessions_app import log
+    from sessions_app.models import ColdSegment, Session
+    from sessions_app.runtime import storage
+
+    owner = User.objects.create(username="bench-storage")
+    sid = Session.objects.create(owner=owner).id
+    n0, t0, i0 = sizes()
+    per_turn: list[float] = []
+    done = 0
+    for checkpoint in (250, 500, 1000, 2000):
+        for n in range(done, checkpoint):
+            log.append_many(sid, _turn_events(n))
+        done = checkpoint
+        row = Session.objects.get(id=sid)
+        n1, t1, i1 = sizes()
+        per_turn.append(row.log_bytes / checkpoint)
+        hot = t1 - t0 + i1 - i0
+        print(
+            f"storage: {checkpoint:>5} turns, {row.last_seq:>6} events: payload {per_turn[-1]:.0f} B/turn, "
+            f"table {(t1 - t0) / checkpoint:.0f} B/turn, indexes {(i1 - i0) / checkpoint:.0f} B/turn"
+        )
+    linear = per_turn[-1] / per_turn[0]
+    started = time.monotonic()
+    storage.set_tier(sid, "cold", by="bench")
+    frozen = time.monotonic() - started
+    segment = ColdSegment.objects.get(session_id=sid)
+    ratio = segment.raw_bytes / segment.stored_bytes
+    left = sizes()[0] - n0
+    started = time.monotonic()
+    storage.set_tier(sid, "hot", by="bench")
+    thawed = time.monotonic() - started
+    print(
+        f"storage: moved cold in {frozen:.2f} s: {segment.events} events, {segment.raw_bytes:,} B as JSON lines -> "
+        f"{segment.stored_bytes:,} B stored; {left} row(s) left in the event table (the tombstone); "
+        f"read back in {thawed:.2f} s; the hot table and indexes held {hot:,} B ({hot / segment.stored_bytes:.0f} "
+        "times the archive)"
+    )
+    print(f"storage: payload bytes per turn, {done} turns / 250: {linear:.3f} (target <= {TARGET_LINEAR}: "
+          f"{verdict(linear <= TARGET_LINEAR)})")  # fmt: skip
+    print(f"storage: cold compression ratio {ratio:.1f} (target >= {TARGET_COMPRESSION}: "
+          f"{verdict(ratio >= TARGET_COMPRESSION)})")  # fmt: skip
+    return linear <= TARGET_LINEAR and ratio >= TARGET_COMPRESSION
+
+
 # ----------------------------------------------------------------------------
 # --partitioned: another benchmark with the event table hash-partitioned
 
@@ -1142,7 +1205,7 @@ def main() -> int:
         print(f"(event table partitioned by hash(session_id) into {PARTITIONS}: {urlparse(sys.argv[2]).path[1:]})")
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="idle,parked,drive,turns,pg", help="comma-separated sections")
+    ap.add_argument("--only", default="idle,parked,drive,turns,pg,storage", help="comma-separated sections")
     ap.add_argument("--rounds", type=int, default=2, help="repetitions of each comparison (default 2)")
     ap.add_argument("--idle", type=int, default=100_000, help="sessions in the large case (default 100k)")
     ap.add_argument("--active", type=int, default=1_000, help="sessions with open turns (default 1k)")
@@ -1180,6 +1243,7 @@ def main() -> int:
     ok = True
     started = time.monotonic()
     runs = [("idle", run_idle), ("parked", run_parked), ("drive", run_drive), ("turns", run_turns), ("pg", run_pg)]
+    runs.append(("storage", run_storage))
     for name, run in runs:
         if name in sections:
             print(f"--- {name}", flush=True)

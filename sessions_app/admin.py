@@ -12,7 +12,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Sum
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
@@ -36,7 +36,7 @@ from sessions_app.notify import outbox
 from sessions_app.notify import services as notify_services
 from sessions_app.permissions import is_operator
 from sessions_app.runtime.profiles import check_profile
-from sessions_app.services import operators, schedules, versions
+from sessions_app.services import operators, schedules, storage, versions
 from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
 from sessions_app.tools.builtins import BUILTINS
@@ -184,9 +184,21 @@ class AgentProfileForm(ProfileChecks):
             "schedule_max_runs",
             "schedule_expires_days",
             "upgrade_policy",
+            "max_waiting_inputs",
+            "max_waiting_bytes",
+            "max_passive_inputs",
+            "cold_after_days",
+            "delete_cold_after_days",
             "created_at",
         ]
         help_texts = {
+            "max_waiting_inputs": "Inputs that may wait per session (both lanes); more is refused: 409 inbox_full.",
+            "max_waiting_bytes": "Bytes of input text that may wait per session; more is refused: 409 inbox_full.",
+            "max_passive_inputs": "Passive writes a session keeps waiting; a newer one withdraws the oldest.",
+            "cold_after_days": "Move a session quiet this many days to cold storage (blank: keep every session "
+            "hot). A touch reads it back (docs/storage.md).",
+            "delete_cold_after_days": "Delete a cold session's archived events this many days after they moved "
+            "(blank: keep them).",
             "max_schedules": "Pending or paused schedules one session may hold (0: none).",
             "min_schedule_seconds": "The shortest recurrence a schedule of this profile may have.",
             "schedule_pause_after": "A schedule pauses itself after this many runs in a row without progress.",
@@ -245,8 +257,16 @@ class ProfileNotificationsInline(admin.StackedInline):  # type: ignore[type-arg]
 @admin.register(AgentProfile)
 class AgentProfileAdmin(admin.ModelAdmin[AgentProfile]):
     form = AgentProfileForm
-    list_display = ["name", "summarizer", "compaction_budget", "upgrade_policy", "created_at"]
+    list_display = ["name", "summarizer", "compaction_budget", "upgrade_policy", "log_size", "created_at"]
     search_fields = ["name", "description"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentProfile]:
+        return super().get_queryset(request).annotate(total_log_bytes=Sum("session__log_bytes"))
+
+    @admin.display(description="log bytes (its sessions')", ordering="total_log_bytes")
+    def log_size(self, obj: AgentProfile) -> str:
+        return f"{int(getattr(obj, 'total_log_bytes', 0) or 0):,}"
+
     actions = ["suspend_profiles", "resume_profiles", "upgrade_sessions"]
     readonly_fields = ["agent_versions"]
     inlines = [ProfileNotificationsInline]  # which channels its sessions' notifications use (docs/notifications.md)
@@ -393,8 +413,8 @@ class StatusFilter(admin.SimpleListFilter):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin[Session]):
-    list_display = ["id", "title", "status", "owner", "profile", "last_seq", "cost", "last_event_at"]
-    list_filter = [StatusFilter, "profile", "owner"]
+    list_display = ["id", "title", "status", "owner", "profile", "last_seq", "log_size", "storage_tier", "cost"]
+    list_filter = [StatusFilter, "profile", "storage_tier", "owner"]
     search_fields = ["id", "title", "owner__username"]
     readonly_fields = [f.name for f in Session._meta.get_fields() if getattr(f, "concrete", False)]
     list_select_related = ["owner", "profile"]
@@ -406,7 +426,26 @@ class SessionAdmin(admin.ModelAdmin[Session]):
         "resume_sessions",
         "revoke_sessions",
         "restore_sessions",
+        "move_cold",
+        "move_hot",
     ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        total = Session.objects.aggregate(n=Sum("log_bytes"))["n"] or 0
+        title = f"Sessions: {total:,} bytes of log in total (hot and cold; docs/storage.md)"
+        return super().changelist_view(request, {**(extra_context or {}), "title": title})
+
+    @admin.display(description="log bytes", ordering="log_bytes")
+    def log_size(self, session: Session) -> str:
+        return f"{session.log_bytes:,}"
+
+    @admin.action(description="Move to cold storage (a touch reads it back)")
+    def move_cold(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(self, request, self._ids(queryset), "Moved cold", lambda sid, by: storage.set_tier(sid, "cold", by=by))
+
+    @admin.action(description="Move back to hot storage")
+    def move_hot(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        operate(self, request, self._ids(queryset), "Moved hot", lambda sid, by: storage.set_tier(sid, "hot", by=by))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the log below it is append-only

@@ -115,6 +115,31 @@ class TurnOpenInLog(TerretError):
     status = 409
 
 
+class InboxFull(TerretError):
+    """The session's waiting input is at its bound (the profile's
+    max_waiting_inputs / max_waiting_bytes): nothing was written. The
+    input is admitted once turns take in what waits."""
+
+    code = "inbox_full"
+    status = 409
+
+
+class StorageCorrupt(TerretError):
+    """A cold session's archive fails its checksum: nothing was restored,
+    and the session stays cold until an operator looks (docs/storage.md)."""
+
+    code = "storage_corrupt"
+    status = 500
+
+
+class StorageBusy(TerretError):
+    """The session cannot move cold now: a turn is open, input waits, or an
+    approval is pending (docs/storage.md, "Tiering")."""
+
+    code = "storage_busy"
+    status = 409
+
+
 class IdempotencyConflict(TerretError):
     code = "idempotency_conflict"
     status = 409

@@ -125,6 +125,17 @@ class AgentProfile(models.Model):
     # report it and cancel the turn.
     ON_STALL_CHOICES = [("report", "Report it (turn/stalled)"), ("cancel", "Report it and cancel the turn")]
     on_stall = models.CharField(max_length=16, choices=ON_STALL_CHOICES, default="report")
+    # Pending work, bounded (docs/storage.md, "Bounded pending work"): input
+    # that would wait past either bound is refused (409 inbox_full); passive
+    # writes keep the newest max_passive_inputs, the oldest withdrawn.
+    max_waiting_inputs = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    max_waiting_bytes = models.PositiveIntegerField(default=8 * 1024 * 1024, validators=[MinValueValidator(1024)])
+    max_passive_inputs = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
+    # Storage tiering (docs/storage.md): None keeps every session hot (the
+    # default); a session quiet this many days moves cold (the sweep), and a
+    # cold one's archive is deleted this many days after it moved.
+    cold_after_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    delete_cold_after_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # When a session moves to the profile's newest version (AgentVersion):
@@ -275,6 +286,13 @@ class Session(models.Model):
     # The append of such an event keeps it (log/backends); a claim reads it
     # so a worker never drives a log it cannot read (runtime/codever.py).
     event_versions = models.JSONField(null=True, blank=True)
+    # Storage (docs/storage.md, "Tiering"): the UTF-8 bytes of every event's
+    # payload the log holds (kept by every append; hot and cold alike), and
+    # the tier: "cold" while the events up to cold_seq sit in a compressed
+    # ColdSegment instead of the event table (storage/cold, storage/hot).
+    log_bytes = models.BigIntegerField(default=0)
+    storage_tier = models.CharField(max_length=8, default="hot")
+    cold_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -374,6 +392,34 @@ class Event(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ImmutableEventError("events are append-only; delete is refused")
+
+
+class ColdSegment(models.Model):
+    """A cold session's events (seqs first_seq..last_seq), compressed, with
+    the checksum of the uncompressed bytes (log/tiering.py). `data` holds
+    them for the database store; another store (an object store) would keep
+    its key in `location` and leave `data` empty."""
+
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="cold_segments")
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField()
+    events = models.IntegerField()
+    raw_bytes = models.BigIntegerField()
+    stored_bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    codec = models.CharField(max_length=16, default="zlib")
+    store = models.CharField(max_length=16, default="database")
+    location = models.CharField(max_length=500, blank=True)
+    data = models.BinaryField(blank=True, default=b"")
+    created_at = models.DateTimeField(default=timezone.now)
+    # Set when delete_cold_after_days removed the data: the row stays as the record of what was.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "first_seq"], name="cold_segment_session_first")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.first_seq}..{self.last_seq}"
 
 
 class Agent(models.Model):

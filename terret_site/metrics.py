@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import BigIntegerField, Count, Exists, IntegerField, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import BigIntegerField, Count, Exists, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -49,6 +49,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sessions_app.models import (
     NOTIFY_STATUSES,
+    ColdSegment,
     EffectAudit,
     Event,
     ModelTally,
@@ -110,6 +111,7 @@ class DatabaseCollector(Collector):
         now = timezone.now()
         yield from self._sessions(now)
         yield self._versions()
+        yield from self._storage()
         yield self._oldest_approval(now)
         yield from self._turns()
         yield from self._usage()
@@ -178,6 +180,52 @@ class DatabaseCollector(Collector):
             "terret_effects_unknown_ended",
             "Of those, the attempts of turns that have ended (cancelled or failed around them).",
             max(_int(row["unresolved"]) - _int(row["unknown_open"]), 0),
+        )
+
+    def _storage(self) -> Iterable[Metric]:
+        """The log's size (Session.log_bytes, kept by every append) by profile
+        and tier, cold archives' stored bytes, and the largest session. Per
+        session only as the largest: a label per session would be unbounded
+        (the admin's session list shows each one's bytes)."""
+        events = GaugeMetricFamily(
+            "terret_log_events", "Events in the logs, hot and cold, by profile and tier.", labels=["profile", "tier"]
+        )
+        nbytes = GaugeMetricFamily(
+            "terret_log_bytes",
+            "UTF-8 bytes of the logs' event payloads, by profile and tier (docs/storage.md).",
+            labels=["profile", "tier"],
+        )
+        rows = (
+            Session.objects.values("profile__name", "storage_tier")
+            .annotate(
+                n_events=Coalesce(Sum("last_seq"), 0, output_field=BigIntegerField()),
+                nbytes=Coalesce(Sum("log_bytes"), 0, output_field=BigIntegerField()),
+            )
+            .order_by("profile__name", "storage_tier")
+        )
+        for r in rows:
+            labels = [_profile(r["profile__name"]), r["storage_tier"]]
+            events.add_metric(labels, _int(r["n_events"]))
+            nbytes.add_metric(labels, _int(r["nbytes"]))
+        yield events
+        yield nbytes
+        stored = GaugeMetricFamily(
+            "terret_cold_stored_bytes",
+            "Compressed bytes of the cold sessions' archives (ColdSegment), by profile.",
+            labels=["profile"],
+        )
+        cold = (
+            ColdSegment.objects.filter(deleted_at__isnull=True)
+            .values("session__profile__name")
+            .annotate(n=Coalesce(Sum("stored_bytes"), 0, output_field=BigIntegerField()))
+            .order_by("session__profile__name")
+        )
+        for c in cold:
+            stored.add_metric([_profile(c["session__profile__name"])], _int(c["n"]))
+        yield stored
+        largest = Session.objects.aggregate(m=Max("log_bytes"))["m"]
+        yield GaugeMetricFamily(
+            "terret_log_bytes_largest_session", "The largest session's log, in payload bytes.", _int(largest)
         )
 
     def _versions(self) -> Metric:

@@ -107,15 +107,25 @@ _default_db = f"sqlite:///{VAR_DIR / 'terret.sqlite3'}"
 # Empty means the default, as for every other variable here.
 _db_url = env_url("DATABASE_URL", _default_db, schemes={"sqlite", "postgres", "postgresql", "pgsql"}) or _default_db
 _db = dj_database_url.parse(_db_url)
+# Embedded SQLite's durability (docs/storage.md): FULL by default.
+TERRET_SQLITE_SYNCHRONOUS = (env_str("TERRET_SQLITE_SYNCHRONOUS", "FULL") or "FULL").upper()
+if TERRET_SQLITE_SYNCHRONOUS not in ("FULL", "NORMAL", "EXTRA"):
+    raise ImproperlyConfigured(
+        f"TERRET_SQLITE_SYNCHRONOUS={TERRET_SQLITE_SYNCHRONOUS!r} must be FULL, EXTRA or NORMAL (docs/storage.md)"
+    )
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # IMMEDIATE makes every atomic block take SQLite's write lock at BEGIN, so
     # the append critical section is serialized there just as the session row
     # lock serializes it on Postgres; WAL lets readers proceed meanwhile.
+    # synchronous=FULL: a commit is on the disk before it is acknowledged (a
+    # 202, a verdict), so it survives power loss as well as a process crash.
+    # NORMAL (TERRET_SQLITE_SYNCHRONOUS=NORMAL) is faster and may lose the
+    # last commits on power loss; docs/storage.md states both.
     _db["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={TERRET_SQLITE_SYNCHRONOUS};",
     }
     # A file, not Django's shared-cache in-memory default: threads and worker
     # processes in tests then see SQLite's real locking, as production does.
@@ -300,6 +310,16 @@ TERRET_MAX_TOOL_RESULT_CHARS = env_int("TERRET_MAX_TOOL_RESULT_CHARS", 64_000, m
 TERRET_MAX_EVENT_BYTES = env_int("TERRET_MAX_EVENT_BYTES", 900 * 1024, minimum=64 * 1024)
 # The largest frame a socket sends (daphne's peer refuses frames over 1 MiB).
 TERRET_SOCKET_MAX_FRAME_BYTES = env_int("TERRET_SOCKET_MAX_FRAME_BYTES", 1024 * 1024 - 4096, minimum=64 * 1024)
+# The most a socket's outbox holds for a slow client, in bytes (besides its 256 frames):
+# at least one frame, so a frame always fits an empty outbox (live/outbox.py).
+TERRET_SOCKET_OUTBOX_BYTES = env_int("TERRET_SOCKET_OUTBOX_BYTES", 4 * 1024 * 1024, minimum=64 * 1024)
+if TERRET_SOCKET_OUTBOX_BYTES < TERRET_SOCKET_MAX_FRAME_BYTES:
+    raise ImproperlyConfigured(
+        f"TERRET_SOCKET_OUTBOX_BYTES={TERRET_SOCKET_OUTBOX_BYTES} must be at least "
+        f"TERRET_SOCKET_MAX_FRAME_BYTES={TERRET_SOCKET_MAX_FRAME_BYTES}"
+    )
+# The bytes each process's frame cache keeps per watched session (besides 512 frames; live/hub.py).
+TERRET_SOCKET_TAIL_BYTES = env_int("TERRET_SOCKET_TAIL_BYTES", 4 * 1024 * 1024, minimum=64 * 1024)
 # The most payload one page of events carries (GET .../events, a socket's replay batch, an /lg/
 # read), on top of each read's count: a client asking for more is paged (log/reads.py).
 TERRET_READ_MAX_BYTES = env_int("TERRET_READ_MAX_BYTES", 4 * 1024 * 1024, minimum=1024 * 1024)

@@ -24,7 +24,7 @@ socket's acks, as the protocol is one for both.
 
 Verbs, by noun (`verb(user, session_id, ...)`):
 
-- sessions.py: list_profiles, create_session, session_detail, events,
+- sessions.py: list_profiles, create_session, session_detail, set_storage (staff), events,
   socket_access, cancel, retry, compact, set_model, rename, archive,
   unarchive (and health, live_state, head for a socket that was let in
   already)
@@ -99,6 +99,7 @@ from sessions_app.actions.sessions import (
     retry,
     session_detail,
     set_model,
+    set_storage,
     socket_access,
     unarchive,
     usable_profiles,
@@ -167,6 +168,7 @@ __all__ = [
     "set_model",
     "set_notification_settings",
     "set_policy",
+    "set_storage",
     "socket_access",
     "suspend",
     "timeline",

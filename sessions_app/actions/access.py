@@ -34,6 +34,7 @@ from sessions_app.permissions import (
     owner_may_resolve,
     visible_sessions,
 )
+from sessions_app.services import storage
 
 Need = Literal["view", "drive", "approve", "resolve", "operate"]
 
@@ -66,14 +67,19 @@ def allowed(user: Any, session: Session, need: Need) -> bool:
     return is_operator(user)
 
 
-def session_for(user: Any, session_id: Any, need: Need) -> Session:
-    """The session, if `user` may do `need` to it (see the module docstring)."""
+def session_for(user: Any, session_id: Any, need: Need, *, thaw: bool = True) -> Session:
+    """The session, if `user` may do `need` to it (see the module docstring).
+    A cold session (docs/storage.md, "Tiering") is read back first, so what
+    the caller does next meets its whole log; `thaw=False` for a caller that
+    reads only the session row (its detail, its storage)."""
     sid = parse_session_id(session_id)
     session = Session.objects.select_related("profile", "owner", "agent").filter(id=sid).first()
     if session is None or not can_view(user, session):
         raise UnknownSession(f"no session {sid}")
     if not allowed(user, session, need):
         raise NotAllowed(_refusal(need))
+    if thaw and session.storage_tier == "cold" and storage.ensure_hot(sid):
+        session.refresh_from_db()
     return session
 
 

@@ -20,6 +20,7 @@ from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
+from sessions_app.services import storage as storage_services
 from sessions_app.services import versions as version_services
 from sessions_app.services.operators import turn_progress
 from sessions_app.services.versions import SessionVersion
@@ -100,11 +101,13 @@ class SessionDetail:
             "budget": self.budget,
             "progress": self.progress.as_json(),
             "version": self.version.as_json() if self.version is not None else None,
+            "storage": storage_services.storage_of(session),
         }
 
 
 def session_detail(user: Any, session_id: Any) -> SessionDetail:
-    session = session_for(user, session_id, "view")
+    # The row only: a cold session stays cold while its storage is reported.
+    session = session_for(user, session_id, "view", thaw=False)
     return SessionDetail(
         session=session,
         usage=usage(session),
@@ -113,6 +116,15 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         progress=turn_progress(session),
         version=version_services.version_of(session),
     )
+
+
+def set_storage(user: Any, session_id: Any, tier: Any) -> dict[str, Any]:
+    """Move a session's events cold or hot (staff: docs/storage.md); its
+    storage after, as GET /api/sessions/{id} shows it. Logged with the actor."""
+    session = session_for(user, session_id, "operate", thaw=False)
+    storage_services.set_tier(session.id, tier, by=user.get_username())
+    session.refresh_from_db()
+    return storage_services.storage_of(session)
 
 
 def socket_access(user: Any, session_id: Any) -> dict[str, Any]:

@@ -268,6 +268,21 @@ class SessionOut(Schema):
     budget: BudgetOut = Field(description="as GET …/budget answers")
     progress: ProgressOut = Field(description="what the open turn has done lately (docs/runtime.md, liveness)")
     version: VersionOut | None = Field(description="null: the session names no profile")
+    storage: StorageOut = Field(description="the log's size and storage tier (docs/storage.md)")
+
+
+class StorageOut(Schema):
+    events: int = Field(description="events in the log, hot and cold alike (its head seq)")
+    bytes: int = Field(description="UTF-8 bytes of the events' payloads, hot and cold alike")
+    tier: Literal["hot", "cold", "deleted"] = Field(
+        description="hot: in the event table; cold: moved into a compressed archive, read back on the next touch; "
+        "deleted: the profile's delete_cold_after_days removed the archived events"
+    )
+    stored_bytes: int | None = Field(None, description="cold only: the archive's compressed bytes")
+
+
+class StorageIn(Schema):
+    tier: Literal["hot", "cold"]
 
 
 class ReceiptOut(Schema):

@@ -59,6 +59,8 @@ from sessions_app.api.schemas import (
     SessionActionOut,
     SessionListOut,
     SessionOut,
+    StorageIn,
+    StorageOut,
     UpgradeIn,
     UpgradeRefusedOut,
     VersionOut,
@@ -472,6 +474,14 @@ def write_document(request: HttpRequest, session_id: str, name: str, payload: Do
 def ops_attention(request: HttpRequest) -> Any:
     """What needs a human, by kind, each bounded, with counts (staff only)."""
     return actions.attention(_user(request)).as_json()
+
+
+@api.post("/sessions/{session_id}/storage", response={200: StorageOut, **_WRITE_ERRORS}, tags=["operators"])
+def set_storage(request: HttpRequest, session_id: str, payload: StorageIn) -> Any:
+    """Move the session's events cold (a compressed archive; the next touch reads them back) or hot now
+    (staff only; logged as storage/cold or storage/hot with the actor). 409 storage_busy: a turn is open,
+    a call waits for a decision, or input waits."""
+    return actions.set_storage(_user(request), session_id, payload.tier)
 
 
 @api.post("/ops/suspend", response={200: OpsOut, **_WRITE_ERRORS}, tags=["operators"])

@@ -10,7 +10,8 @@ door adds its own, e.g. the session protocol's actor for client frames):
   per-process frame cache, never from the hint itself). It re-reads every
   POLL_SECONDS too, so a lost hint only delays an event, and checks then
   that the user may still read the session (actions.session_for).
-- the writer drains a bounded outbox to the client. When a slow client lets
+- the writer drains a bounded outbox to the client (live/outbox.py: at most
+  OUTBOX_MAX frames and TERRET_SOCKET_OUTBOX_BYTES). When a slow client lets
   it fill, the pump just waits (it resumes from its last seq, the database
   is its queue) and deltas are dropped; other sockets are unaffected. Every
   frame goes out through `send_frame`: one larger than a socket may carry
@@ -40,6 +41,7 @@ from sessions_app import actions
 from sessions_app.errors import InvalidInput, NotAllowed, TerretError, Unauthenticated, error_body
 from sessions_app.live import frames, hub
 from sessions_app.live.auth import live_user
+from sessions_app.live.outbox import Outbox, max_bytes
 from sessions_app.log import hints, partial, reads
 
 logger = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class Follower(AsyncWebsocketConsumer):
         # threads are scheduled onto it (embedded mode).
         hints.publisher.register_server_loop(asyncio.get_running_loop())
         self.tasks: list[asyncio.Task[None]] = []
-        self.outbox: asyncio.Queue[str | Close] = asyncio.Queue(OUTBOX_MAX)
+        self.outbox: Outbox[str | Close] = Outbox(OUTBOX_MAX, max_bytes())
         self.wake = asyncio.Event()
         self.target = 0
         self.synced = False
@@ -297,7 +299,9 @@ class Follower(AsyncWebsocketConsumer):
         for seq, text in rows:
             if seq <= self.last_sent:
                 continue
-            await self.outbox.put(text)  # waits while a slow client's outbox is full
+            # Fitted first, so the outbox's byte bound counts what is sent;
+            # waits while a slow client's outbox is full (live/outbox.py).
+            await self.outbox.put(frames.fit(text, self.stand_in))
             self.last_sent = seq
 
     def _poll(self, after: int) -> list[reads.EventFrame]:

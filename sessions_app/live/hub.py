@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 
+from sessions_app.live.frames import size as frame_size
 from sessions_app.log import hints
 from sessions_app.log.reads import PAGE, EventFrame, Page, event_frames, more_follow, read_max_bytes
 
@@ -43,6 +45,8 @@ class _Tail:
     """The newest frames of one session, contiguous by seq."""
 
     frames: list[EventFrame] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # each frame's UTF-8 size
+    nbytes: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watchers: int = 0
 
@@ -66,16 +70,30 @@ class _Tail:
 
     def merge(self, after: int, rows: list[EventFrame], *, complete: bool) -> None:
         """Fold in a page read from the database (seqs after+1.. in order).
-        `complete`: the page reached the log head when it was read."""
+        `complete`: the page reached the log head when it was read.
+        Bounded in frames (TAIL_MAX) and bytes (TERRET_SOCKET_TAIL_BYTES):
+        the oldest go first, and a socket behind the tail reads the database."""
         if not rows:
             return
         last = self.frames[-1][0] if self.frames else None
         if last is not None and after <= last < rows[-1][0]:
-            self.frames.extend(r for r in rows if r[0] > last)
+            new = [r for r in rows if r[0] > last]
+            self.frames.extend(new)
+            self.sizes.extend(frame_size(r[1]) for r in new)
         elif (last is None or after > last) and complete:
             self.frames = rows[-TAIL_MAX:]
-        if len(self.frames) > TAIL_MAX:
-            del self.frames[:-TAIL_MAX]
+            self.sizes = [frame_size(r[1]) for r in self.frames]
+        else:
+            return
+        self.nbytes = sum(self.sizes)
+        cut = 0
+        bound = settings.TERRET_SOCKET_TAIL_BYTES
+        while len(self.frames) - cut > 1 and (len(self.frames) - cut > TAIL_MAX or self.nbytes > bound):
+            self.nbytes -= self.sizes[cut]
+            cut += 1
+        if cut:
+            del self.frames[:cut]
+            del self.sizes[:cut]
 
 
 class FrameCache:

@@ -858,6 +858,48 @@ CATALOGUE: dict[str, Kind] = {
             lambda d: [("archived_at = NULL", [])],
         ),
         Kind(
+            "storage/cold",
+            _obj(
+                {
+                    "through_seq": _SEQ,
+                    "events": _SEQ,
+                    "bytes": {"type": "integer", "minimum": 0},
+                    "stored_bytes": {"type": "integer", "minimum": 0},
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "by": _STR,
+                },
+                ["through_seq", "events", "bytes", "stored_bytes", "sha256"],
+            ),
+            False,
+            "Storage tiering (docs/storage.md): the session's events up to through_seq moved out of the event "
+            "table into a compressed segment (its checksum here); this event is the tombstone the table keeps. "
+            "`by`: the staff member, or `policy` (the profile's cold_after_days).",
+            lambda d: [("storage_tier = 'cold'", []), ("cold_seq = %s", [d["through_seq"]])],
+        ),
+        Kind(
+            "storage/hot",
+            _obj({"through_seq": _SEQ, "events": {"type": "integer", "minimum": 0}, "by": _STR}, ["through_seq"]),
+            False,
+            "A cold session's events are back in the event table, with their own seqs (checksum verified). "
+            "`by`: a staff member, or empty when a touch of the session read it back.",
+            lambda d: [("storage_tier = 'hot'", []), ("cold_seq = NULL", [])],
+        ),
+        Kind(
+            "storage/deleted",
+            _obj(
+                {
+                    "through_seq": {"type": "integer", "minimum": 0},
+                    "events": {"type": "integer", "minimum": 0},
+                    "by": _STR,
+                },
+                ["through_seq"],
+            ),
+            False,
+            "The profile's delete_cold_after_days removed a cold session's archived events for good: the log "
+            "now starts after through_seq.",
+            lambda d: [("storage_tier = 'deleted'", [])],
+        ),
+        Kind(
             "policy/updated",
             _obj(
                 {

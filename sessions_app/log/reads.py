@@ -227,6 +227,44 @@ def _waiting(
     return Waiting([logged(*r) for r in rows], more)
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """What waits in both lanes (steers and deferred input), read as each
+    input's seq, text size and lane only: never the text. `items` is cut at
+    the read's limit (`complete` False then)."""
+
+    items: list[tuple[int, int, str]]
+    complete: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, size, _ in self.items)
+
+    def passive(self) -> list[int]:
+        """The seqs of the waiting passive writes, oldest first."""
+        return [seq for seq, _, lane in self.items if lane == "passive"]
+
+
+def backlog(session_id: uuid.UUID | str, inbox_seq: int, deferred_cursor: int, limit: int) -> Backlog:
+    """Every waiting input of the session (the inbox bound's read,
+    runtime/admission.check_room), at most `limit` + 1 rows."""
+    rows: list[tuple[int, int, str]] = []
+    for kind, cursor in (("input/queued", inbox_seq), ("input/deferred", deferred_cursor)):
+        found = (
+            _waiting_rows(session_id, kind, cursor)
+            .annotate(size=_OctetLength(KeyTextTransform("text", "data")), lane=KeyTextTransform("lane", "data"))
+            .order_by("seq")
+            .values_list("seq", "size", "lane")[: limit + 1]
+        )
+        rows.extend((seq, int(size or 0), lane or "steer") for seq, size, lane in found)
+    rows.sort()
+    return Backlog(rows[: limit + 1], len(rows) <= limit)
+
+
 def first_waiting(
     session_id: uuid.UUID | str,
     kind: str,

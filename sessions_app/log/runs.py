@@ -120,7 +120,11 @@ class Run:
         """The UPDATE's SET list: seq, projections, the newest event versions
         (the backend's `versions_set`, only for events above version 1) and
         the lease's expiry."""
-        parts = [Sql(f"last_seq = last_seq + {len(self.items)}"), Sql("last_event_at = %s", self.now)]
+        parts = [
+            Sql(f"last_seq = last_seq + {len(self.items)}"),
+            Sql("last_event_at = %s", self.now),
+            Sql("log_bytes = log_bytes + %s", self.nbytes),
+        ]
         parts += self.projections
         versions = self.versions
         if versions:
@@ -146,6 +150,11 @@ class Run:
     def versions(self) -> dict[str, int]:
         """{kind: version} of the run's events written above version 1 (almost always none)."""
         return {e.kind: e.spec.version for e in self.items if e.spec.version > 1}
+
+    @property
+    def nbytes(self) -> int:
+        """The UTF-8 bytes of the run's payloads (Session.log_bytes)."""
+        return sum(len(e.payload) if e.payload.isascii() else len(e.payload.encode()) for e in self.items)
 
     @property
     def opens_turn(self) -> bool:

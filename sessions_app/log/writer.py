@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, TurnAlreadyOpen, UnknownEventKind
-from sessions_app.log import backends, fanout, hints, runs
+from sessions_app.log import backends, fanout, hints, runs, tiering
 from sessions_app.log.records import WORKLOAD_COLUMNS, AppendedEvent, Fence, Workload
 from sessions_app.log.runs import Guard, Run
 from sessions_app.models import Session
@@ -186,6 +186,7 @@ LOCK_COLUMNS = (
     "lease_gen",
     "lease_expires_at",
     "agent_version",
+    "storage_tier",
     *WORKLOAD_COLUMNS,
 )
 
@@ -215,7 +216,11 @@ class SessionTx:
 
 
 @contextmanager
-def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterator[SessionTx]:
+def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None, thaw: bool = True) -> Iterator[SessionTx]:
+    """The session's row lock for a check-then-act: append through tx.append.
+    A cold session is thawed first (log/tiering.py), inside the same
+    transaction, so every locked write meets its whole log in the event
+    table; `thaw=False` for the storage mover itself."""
     sid = _sid(session_id)
     track = not connection.in_atomic_block
     tx: SessionTx | None = None
@@ -227,6 +232,8 @@ def locked(session_id: uuid.UUID | str, *, fence: Fence | None = None) -> Iterat
             if fence is not None and row["lease_gen"] != fence.gen:
                 raise LeaseLost(f"session {sid}: lease generation {fence.gen} superseded by {row['lease_gen']}")
             tx = SessionTx(sid, fence, row, track=track)
+            if thaw and row["storage_tier"] == "cold":
+                tiering.thaw_in(tx, by="")
             yield tx
     except BaseException:
         if track and tx is not None:

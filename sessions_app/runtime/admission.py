@@ -11,16 +11,80 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import models
 
 from sessions_app import log
-from sessions_app.log.reads import Waiting, first_waiting, pending_deferred, pending_inputs
+from sessions_app.errors import InboxFull
+from sessions_app.log.reads import Waiting, backlog, first_waiting, pending_deferred, pending_inputs
 from sessions_app.log.records import AppendedEvent, Fence, Intake, LoggedEvent
+from sessions_app.models import AgentProfile
 from sessions_app.runtime import tracing, versions
 
 
 def intake_bound() -> Intake:
     """What one admission takes of the waiting lanes (settings, TERRET_INTAKE_*)."""
     return Intake(settings.TERRET_INTAKE_MAX_ITEMS, settings.TERRET_INTAKE_MAX_BYTES)
+
+
+@dataclass(frozen=True)
+class Room:
+    """A session's bound on pending work (its profile's fields; the fields'
+    defaults for a session without a profile)."""
+
+    inputs: int
+    nbytes: int
+    passive: int
+
+
+def _field_default(name: str) -> int:
+    field = AgentProfile._meta.get_field(name)
+    assert isinstance(field, models.Field)
+    return int(field.get_default())
+
+
+def room_of(profile_id: int | None) -> Room:
+    names = ("max_waiting_inputs", "max_waiting_bytes", "max_passive_inputs")
+    row = AgentProfile.objects.filter(id=profile_id).values_list(*names).first() if profile_id else None
+    inputs, nbytes, passive = row if row is not None else tuple(_field_default(n) for n in names)
+    return Room(int(inputs), int(nbytes), int(passive))
+
+
+def check_room(tx: log.SessionTx, text: str, lane: str) -> list[int]:
+    """Whether `text` may wait in `lane` (steer, follow_up, passive): under
+    the row lock, so two admissions cannot both take the last place. Raises
+    InboxFull (nothing written) when it would take the waiting input past
+    the profile's count or byte bound. For a passive write, the retention
+    policy instead: the seqs of the oldest waiting passive writes that must
+    be withdrawn to keep the newest `max_passive_inputs` (the caller
+    withdraws them); the write is still refused when the bound is full of
+    other input.
+
+    Reads nothing when the cursors say nothing waits (the common case: at
+    least one input always fits, however small the bound)."""
+    row = tx.row
+    if row["last_input_seq"] <= row["inbox_seq"] and row["deferred_seq"] <= row["deferred_cursor"]:
+        return []
+    room = room_of(row["profile_id"])
+    waiting = backlog(tx.session_id, row["inbox_seq"], row["deferred_cursor"], room.inputs + room.passive)
+    drop: list[int] = []
+    if lane == "passive":
+        passive = waiting.passive()
+        drop = passive[: max(0, len(passive) - room.passive + 1)]
+    gone = set(drop)
+    count = waiting.count - len(gone)
+    nbytes = waiting.bytes - sum(size for seq, size, _ in waiting.items if seq in gone)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if count + 1 > room.inputs:
+        raise InboxFull(
+            f"session {tx.session_id} has {count} inputs waiting, its bound (max_waiting_inputs {room.inputs}); "
+            "send it again once turns have taken some in"
+        )
+    if nbytes + size > room.nbytes:
+        raise InboxFull(
+            f"session {tx.session_id} has {nbytes} bytes of input waiting; {size} more would pass its bound "
+            f"(max_waiting_bytes {room.nbytes}); send it again once turns have taken some in"
+        )
+    return drop
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import codever, counters, effects, progress, registry
+from sessions_app.runtime import codever, counters, effects, progress, registry, storage
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("offering agent slots", registry.offer_slots),
         ("reporting stalled turns", progress.report_stalls),
         ("auditing effect ledgers", _audit_effects),
+        ("moving quiet sessions' storage", storage.move_quiet),
         ("counting the round", _count_round),
     ]
     for what, part in parts:

@@ -145,7 +145,8 @@ def admission_stop(session_id: uuid.UUID | str, *, wake: bool) -> limits.Stop | 
 
 
 def _queue(tx: log.SessionTx, text: str, wake: bool, by: str, key: str | None) -> log.AppendedEvent:
-    """A steer-lane input/queued."""
+    """A steer-lane input/queued (InboxFull past the session's bound)."""
+    admission.check_room(tx, text, "steer")
     data: dict[str, Any] = {"text": text, "wake": wake}
     if by:
         data["by"] = by
@@ -281,6 +282,12 @@ def _admit(
 
 
 def _defer(tx: log.SessionTx, text: str, lane: str, by: str, key: str | None) -> Receipt:
+    """A follow-up or a passive write waits (InboxFull past the session's
+    bound). A passive write past max_passive_inputs withdraws the oldest
+    waiting ones first (the retention policy: passive context keeps its newest)."""
+    for seq in admission.check_room(tx, text, lane):
+        data: dict[str, Any] = {"source_seq": seq, "lane": "passive", "by": "retention"}
+        tx.append("input/withdrawn", {**data, **_cursor_moves(tx, seq, "passive")})
     event = admission.defer(tx, text, lane, by, key)
     return Receipt("queued", event.seq, None, key, lane=lane)
 

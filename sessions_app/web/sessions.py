@@ -198,6 +198,7 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
     htmx = bool(getattr(request, "htmx", False))
     form = MessageForm(request.POST)
     notice = ""
+    refused: TerretError | None = None
     if form.is_valid():
         try:
             receipt = actions.inject(
@@ -212,6 +213,7 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
             raise
         except TerretError as exc:
             form.add_error(None, str(exc))
+            refused = exc
         else:
             if receipt.disposition == "queued" and form.cleaned_data["lane"] == "follow_up":
                 notice = "Queued: your message is sent as a new turn when this one ends."
@@ -230,11 +232,13 @@ def session_message(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse
         # 4xx); X-Terret-Error says it was refused. The text stays as typed.
         ctx = {"session": session, "form": form, "refocus": True, **composer_context()}
         response = render(request, "sessions/chat.html#composer", ctx)
-        response["X-Terret-Error"] = "invalid_input"
+        response["X-Terret-Error"] = refused.code if refused is not None else "invalid_input"
         return response
     ctx = _chat_context(request, session, form=form)
     ctx["refocus"] = True
-    return _no_store(render(request, "sessions/chat.html", ctx, status=400))
+    # The refusal's own status (409 inbox_full, 409 turn_already_running), as the API answers it.
+    status = refused.status if refused is not None else 400
+    return _no_store(render(request, "sessions/chat.html", ctx, status=status))
 
 
 @login_required

@@ -56,6 +56,7 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
         "/api/sessions/{session_id}/effects",
         "/api/sessions/{session_id}/effects/{call_id}/resolve",
         "/api/sessions/{session_id}/budget",
+        "/api/sessions/{session_id}/storage",
         "/api/sessions/{session_id}/abandon",
         "/api/sessions/{session_id}/revoke",
         "/api/sessions/{session_id}/restore",

@@ -14,6 +14,7 @@ from sessions_app.log.catalogue import CATALOGUE, MODEL_VISIBLE, InvalidPayload,
 from sessions_app.log.projection import render
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 0.0001}
+SHA = "a" * 64
 CALL = {"id": "call_1", "name": "clock.now", "arguments": '{"tz": "UTC"}'}
 D64 = "a" * 64  # a version digest
 
@@ -206,6 +207,12 @@ VALID: dict[str, list[dict[str, Any]]] = {
     "session/titled": [{"title": "T"}, {"title": "x" * 80}, {"title": "Mine", "by": "owner"}],
     "session/archived": [{}, {"by": "owner"}],
     "session/unarchived": [{"by": "owner"}],
+    "storage/cold": [
+        {"through_seq": 9, "events": 9, "bytes": 900, "stored_bytes": 120, "sha256": SHA},
+        {"through_seq": 9, "events": 8, "bytes": 0, "stored_bytes": 0, "sha256": SHA, "by": "policy"},
+    ],
+    "storage/hot": [{"through_seq": 9}, {"through_seq": 9, "events": 9, "by": "staff"}],
+    "storage/deleted": [{"through_seq": 0}, {"through_seq": 9, "events": 9, "by": "policy"}],
     "policy/updated": [{"patterns": []}, {"patterns": ["clock.*", "workspace.read"], "by": "admin"}],
     "model/updated": [{"role": r, "spec": "openai/gpt-4o-mini"} for r in ("main", "titler", "compactor")],
     "agent/spawned": [{"agent_id": "a-1", "profile": "default"}, {"agent_id": "a-1", "profile": "p", "live": 3}],
@@ -369,6 +376,9 @@ INVALID: dict[str, list[Any]] = {
     "session/titled": [{}, {"title": ""}, {"title": "x" * 81}],
     "session/archived": [{"by": 1}, {"reason": "x"}],
     "session/unarchived": [{"by": None}],
+    "storage/cold": [{"through_seq": 9}, {"through_seq": 9, "events": 9, "bytes": 1, "stored_bytes": 1, "sha256": "x"}],
+    "storage/hot": [{}, {"through_seq": 0}, {"through_seq": 9, "by": 1}],
+    "storage/deleted": [{}, {"through_seq": -1}],
     "policy/updated": [{}, {"patterns": "clock.*"}, {"patterns": [""]}],
     "model/updated": [{"role": "main"}, {"role": "boss", "spec": "x/y"}, {"role": "main", "spec": ""}],
     "agent/spawned": [

@@ -150,6 +150,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "on_expiry": "deny",  # used only with an approval deadline (none here)
         "system_prompt": "",
         "upgrade_policy": "next_turn",
+        "max_waiting_inputs": "1000",
+        "max_waiting_bytes": "8388608",
+        "max_passive_inputs": "100",
         # The page's inline (the profile's notification channels) sends its management form; none added here.
         "notify_settings-TOTAL_FORMS": "0",
         "notify_settings-INITIAL_FORMS": "0",
