@@ -29,6 +29,7 @@ from typing import Any
 from django.conf import settings
 
 from .base import Definition, Reconciliation, ToolContext, ToolError
+from .monitors import DEFINITIONS as MONITOR_TOOLS
 from .schedules import DEFINITIONS as SCHEDULE_TOOLS
 
 MAX_READ_BYTES = 256 * 1024
@@ -305,5 +306,6 @@ BUILTINS: dict[str, Definition] = {
             replay="never",
         ),
         *SCHEDULE_TOOLS,
+        *MONITOR_TOOLS,
     )
 }

@@ -1,0 +1,342 @@
+"""Monitors end to end in this process: the clock's work (run.tick) against
+a real local feed server and a real HTTP receiver. Runs on SQLite (the
+embedded path) and on PostgreSQL alike; the kill -9 tests with real worker
+processes are test_worker_monitors.py."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from sessions_app.errors import InvalidInput, UnsafeUrl
+from sessions_app.models import DeliveryLedger, Edition, Monitor, MonitorCandidate, MonitorCheckpoint, SourceScan
+from sessions_app.monitors import run
+from sessions_app.services import monitors
+from tests.sessions_app.monitors.conftest import EditionReceiver, FeedServer
+
+pytestmark = pytest.mark.django_db
+
+
+def make(session: Any, feed: FeedServer, dest: dict[str, Any], **extra: Any) -> Monitor:
+    body = {
+        "schedule": {"every_seconds": 3600},
+        "sources": [{"kind": "feed", "url": feed.url, "overlap_seconds": 300}],
+        "destination": dest,
+        **extra,
+    }
+    m, made = monitors.create(session.id, body, by="owner")
+    assert made
+    return m
+
+
+def period(m: Monitor) -> Edition:
+    """Make the monitor due and let the clock run it; its newest edition."""
+    Monitor.objects.filter(id=m.id).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert run.tick() >= 1
+    return Edition.objects.filter(monitor=m).order_by("-period").first()  # type: ignore[return-value]
+
+
+def settle(m: Monitor) -> None:
+    """Run the clock once more for the monitor's open editions (not a period)."""
+    Edition.objects.filter(monitor=m, status="unknown").update(updated_at=timezone.now() - timedelta(hours=1))
+    run.tick()
+
+
+def webhook(r: EditionReceiver) -> dict[str, Any]:
+    return {"kind": "webhook", "url": r.url}
+
+
+def test_three_periods_three_confirmed_editions_each_item_once(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.page_size = 3  # paging: the first period reads the whole feed over several pages
+    for n in (7, 2, 4):
+        feed_server.add(n)
+        e = period(m)
+        assert e.status == "confirmed", e.reason
+        assert e.receipt == f"rcpt-{e.id}"
+        assert len(e.items) == n
+        assert [c["coverage"] for c in e.coverage] == ["complete"]
+    assert Edition.objects.filter(monitor=m, status="confirmed").count() == 3
+    counted = Counter(edition_receiver.items())
+    assert set(counted) == feed_server.versions()
+    assert set(counted.values()) == {1}  # every item version once, at the receiver
+    assert DeliveryLedger.objects.filter(monitor=m).count() == 13
+    first = SourceScan.objects.filter(monitor=m).order_by("id").first()
+    assert first is not None and first.pages == 3  # 7 items, 3 a page: followed the next links
+
+
+def test_quiet_period_is_suppressed_with_reason_and_complete_coverage(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(2)
+    assert period(m).status == "confirmed"
+    e = period(m)
+    assert e.status == "suppressed"
+    assert "quiet" in e.reason
+    assert e.coverage[0]["coverage"] == "complete"
+    assert SourceScan.objects.get(id=e.scans[0]).coverage == "complete"
+    assert len(edition_receiver.accepted) == 1  # nothing sent for the quiet period
+
+
+def test_quiet_send_policy_sends_an_empty_edition(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver), quiet="send")
+    e = period(m)
+    assert e.status == "confirmed" and e.items == []
+    assert len(edition_receiver.accepted) == 1
+
+
+def test_429_names_the_source_and_later_items_arrive_later(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(3)
+    assert period(m).status == "confirmed"
+    cp = MonitorCheckpoint.objects.get(monitor=m).value
+    feed_server.add(2)
+    feed_server.faults = ["429"]
+    e = period(m)
+    # An unreadable source never yields "nothing new": the edition names it, and is sent with the gap.
+    assert e.coverage[0]["coverage"] == "failed"
+    assert "429" in e.coverage[0]["error"]
+    assert e.status != "suppressed"
+    assert "429" in e.digest
+    assert MonitorCheckpoint.objects.get(monitor=m).value == cp  # held
+    e = period(m)
+    assert e.status == "confirmed" and len(e.items) == 2  # the two that the 429 hid, in a later edition
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+
+
+def test_429_on_a_later_page_is_partial_and_keeps_what_was_read(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.page_size = 2
+    feed_server.add(2)
+    assert period(m).status == "confirmed"
+    feed_server.add(5)
+    feed_server.faults = [None, "429"]  # type: ignore[list-item]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "partial"
+    assert len(e.items) == 2  # the first page's items go out; the rest wait for a complete scan
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "complete" and len(e.items) == 3
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+
+
+@pytest.mark.parametrize("fault", ["truncate", "garbage", "auth"])
+def test_unreadable_page_is_never_complete(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver, fault: str
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(2)
+    assert period(m).status == "confirmed"
+    feed_server.add(1)
+    feed_server.faults = [fault]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "failed", e.coverage
+    assert e.status != "suppressed"
+    e = period(m)
+    assert len(e.items) == 1 and e.status == "confirmed"
+
+
+def test_expired_history_is_partial(session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.page_size = 2
+    feed_server.add(2)
+    assert period(m).status == "confirmed"
+    feed_server.add(6)  # three pages of new items; the archive past page 1 has expired
+    feed_server.expire_after = 1
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "partial"
+    assert "410" in e.coverage[0]["error"]
+    assert len(e.items) == 2
+
+
+def test_updated_item_is_a_new_version_and_late_arrival_in_overlap_is_caught(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    first = feed_server.add(3)
+    assert period(m).status == "confirmed"
+    feed_server.update(first[0].id)
+    # A late arrival: published now, dated inside the overlap window before the checkpoint.
+    feed_server.add(1, at=feed_server.clock - timedelta(minutes=12))
+    e = period(m)
+    assert e.status == "confirmed"
+    assert {i["id"] for i in e.items} == {first[0].id, "urn:test:item-4"}
+    counted = Counter(edition_receiver.items())
+    assert set(counted.values()) == {1}
+    assert len([k for k in counted if k[0] == first[0].id]) == 2  # two versions, each once
+
+
+def test_first_run_initial_now_is_an_explicit_baseline(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    feed_server.add(4)
+    body = {
+        "schedule": {"every_seconds": 3600},
+        "sources": [{"kind": "feed", "url": feed_server.url, "initial": "now"}],
+        "destination": webhook(edition_receiver),
+    }
+    m, _ = monitors.create(session.id, body, by="owner")
+    e = period(m)
+    assert e.status == "suppressed"
+    assert "initial" in SourceScan.objects.get(id=e.scans[0]).evidence
+    feed_server.add(1)
+    assert len(period(m).items) == 1
+
+
+def test_new_partition_and_changed_query_start_their_own_checkpoint(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(2)
+    period(m)
+    sources = [*m.sources, {**m.sources[0], "partition": "second"}]
+    Monitor.objects.filter(id=m.id).update(sources=sources)
+    m.refresh_from_db()
+    period(m)
+    partitions = set(MonitorCheckpoint.objects.filter(monitor=m).values_list("partition", flat=True))
+    assert partitions == {"default", "second"}
+    # The new partition read the feed from its start, but its items were delivered already: none twice.
+    assert set(Counter(edition_receiver.items()).values()) == {1}
+
+
+def test_accept_then_drop_is_unknown_and_the_resend_is_one_delivery(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(3)
+    edition_receiver.modes = ["drop"]
+    e = period(m)
+    assert e.status == "unknown", e.reason
+    assert not DeliveryLedger.objects.filter(monitor=m).exists()  # no confirmation, no delivered entries
+    assert len(edition_receiver.accepted) == 1
+    # The next period waits: nothing else is sent while an edition is unknown; it is re-sent first.
+    feed_server.add(1)
+    settle(m)
+    e.refresh_from_db()
+    assert e.status == "confirmed" and e.receipt == f"rcpt-{e.id}"
+    assert edition_receiver.posts == 2
+    assert len(edition_receiver.accepted) == 1  # the same key: one delivery at the receiver
+    later = period(m)
+    assert later.status == "confirmed" and len(later.items) == 1
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+
+
+def test_200_without_receipt_id_is_not_confirmation(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(1)
+    edition_receiver.modes = ["no_id"]
+    e = period(m)
+    assert e.status == "unknown" and "receipt id" in e.reason
+    assert not DeliveryLedger.objects.filter(monitor=m).exists()
+
+
+def test_unknown_edition_holds_later_editions_until_reconciled(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(1)
+    edition_receiver.modes = ["drop", "drop"]
+    assert period(m).status == "unknown"
+    feed_server.add(1)
+    later = period(m)  # the resend drops again: the period's edition is held, its item pending
+    assert later.status == "held" and "unknown" in later.reason
+    assert MonitorCandidate.objects.filter(monitor=m, status="pending").count() == 1
+    settle(m)
+    assert period(m).status == "confirmed"
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+
+
+def test_failed_before_accepting_hands_items_to_the_next_edition(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(2)
+    edition_receiver.modes = ["fail"]
+    e = period(m)
+    assert e.status == "failed" and "503" in e.reason
+    assert MonitorCandidate.objects.filter(monitor=m, status="pending").count() == 2
+    nxt = period(m)
+    assert nxt.status == "confirmed" and len(nxt.items) == 2
+
+
+def test_fifty_periods_with_faults(session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver) -> None:
+    rnd = random.Random(32)
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.page_size = 3
+    for _ in range(50):
+        feed_server.add(rnd.randint(0, 4))
+        if feed_server.entries and rnd.random() < 0.2:
+            feed_server.update(rnd.choice(list(feed_server.entries)))
+        feed_server.faults = [rnd.choice([None, None, None, "429", "truncate", "garbage"]) for _ in range(3)]
+        edition_receiver.modes = [rnd.choice([None, None, None, "fail", "drop", "no_id"])]
+        period(m)
+        settle(m)
+    counted = Counter(edition_receiver.items())
+    assert set(counted.values()) <= {1}, [k for k, v in counted.items() if v > 1]  # never twice
+    # What the faults kept back is visible: pending, in an unknown edition, or behind a scan that is not
+    # complete (the last scan of the partition says so).
+    last = SourceScan.objects.filter(monitor=m).order_by("-id").first()
+    assert last is not None
+    pending = set(MonitorCandidate.objects.filter(monitor=m, status__in=("pending", "assigned")).values_list("item_id", "version"))
+    missing = [v for v in feed_server.versions() if v not in set(counted) | pending]
+    assert not missing or last.coverage != "complete" or Edition.objects.filter(monitor=m, status="unknown").exists()
+    # The faults stop: everything arrives, each version once.
+    feed_server.faults, edition_receiver.modes = [], []
+    for _ in range(3):
+        settle(m)
+        period(m)
+    counted = Counter(edition_receiver.items())
+    assert set(counted.values()) == {1}
+    assert feed_server.versions() <= set(counted)  # (older versions of updated items were delivered too)
+    ledger = set(DeliveryLedger.objects.filter(monitor=m).values_list("item_id", "version"))
+    assert ledger == set(counted)  # a delivered entry for exactly what the receiver has
+    statuses = Counter(Edition.objects.filter(monitor=m).values_list("status", flat=True))
+    assert statuses["confirmed"] > 10 and statuses["unknown"] == 0
+
+
+def test_email_destination_receipt_is_the_message_id(session: Any, feed_server: FeedServer, mailbox: Any) -> None:
+    m = make(session, feed_server, {"kind": "email", "to": ["reader@example.org"]})
+    feed_server.add(2)
+    e = period(m)
+    assert e.status == "confirmed", e.reason
+    [message] = mailbox.to("reader@example.org")
+    assert message["Message-ID"] == e.receipt
+    assert "Title item-1" in message.get_payload()
+
+
+def test_bad_requests_change_nothing(session: Any, feed_server: FeedServer, settings: Any) -> None:
+    good = {
+        "schedule": {"every_seconds": 3600},
+        "sources": [{"kind": "feed", "url": feed_server.url}],
+        "destination": {"kind": "webhook", "url": feed_server.url},
+    }
+    for bad in (
+        {**good, "schedule": {"every_seconds": 1}},
+        {**good, "sources": []},
+        {**good, "sources": [{"kind": "rss?", "url": feed_server.url}]},
+        {**good, "destination": {"kind": "pigeon"}},
+        {**good, "quiet": "loud"},
+        {**good, "destination": {"kind": "email", "to": ["not an address"]}},
+    ):
+        with pytest.raises(Exception) as caught:
+            monitors.create(session.id, bad, by="owner")
+        assert isinstance(caught.value, (InvalidInput,)) or caught.value.__class__.__name__ == "ScheduleLimit"
+    settings.TERRET_ALLOW_PRIVATE_HOSTS = []
+    with pytest.raises(UnsafeUrl):
+        monitors.create(session.id, good, by="owner")
+    assert not Monitor.objects.exists()
