@@ -30,6 +30,8 @@ Verbs, by noun (`verb(user, session_id, ...)`):
   already)
 - inputs.py: inject, input_receipt, withdraw
 - schedules.py: list_schedules, create_schedule, cancel_schedule
+- monitors.py: list_monitors, create_monitor, monitor, monitor_editions,
+  cancel_monitor, resolve_edition
 - approvals.py: decide
 - policies.py: set_policy, ask_again
 - effects.py: effects, resolve
@@ -69,6 +71,14 @@ from sessions_app.actions.inputs import inject, input_receipt, withdraw
 from sessions_app.actions.notifications import notification_settings, set_notification_settings
 from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
 from sessions_app.actions.policies import ask_again, set_policy
+from sessions_app.actions.monitors import (
+    cancel_monitor,
+    create_monitor,
+    list_monitors,
+    monitor,
+    monitor_editions,
+    resolve_edition,
+)
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
 from sessions_app.actions.sessions import (
     archive,
@@ -109,7 +119,13 @@ __all__ = [
     "budget_state",
     "by",
     "cancel",
+    "cancel_monitor",
     "cancel_schedule",
+    "create_monitor",
+    "list_monitors",
+    "monitor",
+    "monitor_editions",
+    "resolve_edition",
     "compact",
     "create_schedule",
     "create_session",

@@ -103,6 +103,40 @@ class ScheduleIn(In):
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class MonitorScheduleIn(In):
+    every_seconds: Annotated[int, Field(ge=1)] | None = None
+    cron: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    misfire: Literal["skip", "run_once", "reschedule"] = "run_once"
+
+
+class MonitorSourceIn(In):
+    kind: Literal["feed"]
+    url: Annotated[str, Field(min_length=1, max_length=2000)]
+    partition: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=300)] | None = None
+    initial: Literal["all", "now"] | None = None
+    overlap_seconds: Annotated[int, Field(ge=0, le=2592000)] | None = None
+
+
+class MonitorDestinationIn(In):
+    kind: Literal["webhook", "email"]
+    url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    to: Annotated[list[Annotated[str, Field(min_length=3, max_length=254)]], Field(min_length=1, max_length=20)] | None = None
+
+
+class MonitorIn(In):
+    schedule: MonitorScheduleIn
+    sources: Annotated[list[MonitorSourceIn], Field(min_length=1, max_length=20)]
+    destination: MonitorDestinationIn
+    quiet: Literal["suppress", "send"] = "suppress"
+    idempotency_key: Key | None = None
+
+
+class EditionResolveIn(In):
+    action: Literal["done", "failed"]
+    receipt: Annotated[str, Field(max_length=300)] | None = None
+
+
 class DecisionIn(In):
     verdict: Literal["approve", "deny"]
     reason: Reason | None = None
