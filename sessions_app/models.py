@@ -845,6 +845,9 @@ class MonitorCheckpoint(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"{self.source} [{self.partition}] at {self.value}"
+
 
 class SourceScan(models.Model):
     """One scan of one source partition, with its coverage and the evidence."""
@@ -866,6 +869,9 @@ class SourceScan(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["monitor", "source", "partition", "-id"], name="scan_monitor_partition")]
+
+    def __str__(self) -> str:
+        return f"scan {self.source} [{self.partition}] period {self.period}: {self.coverage}"
 
 
 class Edition(models.Model):
@@ -896,6 +902,9 @@ class Edition(models.Model):
         ]
         indexes = [models.Index(fields=["monitor", "-period"], name="edition_monitor_period")]
 
+    def __str__(self) -> str:
+        return f"edition {self.id} period {self.period}: {self.status}"
+
 
 class MonitorCandidate(models.Model):
     """An item version a scan found: pending, assigned to an edition being
@@ -920,6 +929,9 @@ class MonitorCandidate(models.Model):
         ]
         indexes = [models.Index(fields=["monitor", "status"], name="candidate_monitor_status")]
 
+    def __str__(self) -> str:
+        return f"{self.item_id}@{self.version} ({self.status})"
+
 
 class DeliveryLedger(models.Model):
     """An item version delivered by a confirmed edition, with its receipt:
@@ -937,3 +949,6 @@ class DeliveryLedger(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["monitor", "source", "item_id", "version"], name="delivery_item_uniq")
         ]
+
+    def __str__(self) -> str:
+        return f"{self.item_id}@{self.version} by {self.edition_id}"

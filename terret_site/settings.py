@@ -292,7 +292,18 @@ TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
 # The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py).
 TERRET_FAILPOINTS = env_pauses(
-    "TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect", "notify_claimed", "notify_sent", "monitor_scan", "monitor_intent", "monitor_sent"})
+    "TERRET_FAILPOINTS",
+    frozenset(
+        {
+            "after_intent",
+            "after_effect",
+            "notify_claimed",
+            "notify_sent",
+            "monitor_scan",
+            "monitor_intent",
+            "monitor_sent",
+        }
+    ),
 )
 # Whether a session's owner may resolve its effects of unknown outcome (re-run a tool
 # call, or record it done or failed); staff always may (docs/protocol.md).

@@ -68,9 +68,6 @@ from sessions_app.actions.budgets import budget, budget_state, set_budget
 from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
-from sessions_app.actions.notifications import notification_settings, set_notification_settings
-from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
-from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.monitors import (
     cancel_monitor,
     create_monitor,
@@ -79,6 +76,9 @@ from sessions_app.actions.monitors import (
     monitor_editions,
     resolve_edition,
 )
+from sessions_app.actions.notifications import notification_settings, set_notification_settings
+from sessions_app.actions.operators import SESSION_ACTIONS, attention, resume, session_action, suspend
+from sessions_app.actions.policies import ask_again, set_policy
 from sessions_app.actions.schedules import cancel_schedule, create_schedule, list_schedules
 from sessions_app.actions.sessions import (
     archive,
@@ -121,12 +121,8 @@ __all__ = [
     "cancel",
     "cancel_monitor",
     "cancel_schedule",
-    "create_monitor",
-    "list_monitors",
-    "monitor",
-    "monitor_editions",
-    "resolve_edition",
     "compact",
+    "create_monitor",
     "create_schedule",
     "create_session",
     "decide",
@@ -138,9 +134,12 @@ __all__ = [
     "health",
     "inject",
     "input_receipt",
+    "list_monitors",
     "list_profiles",
     "list_schedules",
     "live_state",
+    "monitor",
+    "monitor_editions",
     "newest_version",
     "notification_settings",
     "operator",
@@ -149,6 +148,7 @@ __all__ = [
     "regenerate",
     "rename",
     "resolve",
+    "resolve_edition",
     "resume",
     "retry",
     "reviewer",

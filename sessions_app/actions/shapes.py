@@ -121,7 +121,9 @@ class MonitorSourceIn(In):
 class MonitorDestinationIn(In):
     kind: Literal["webhook", "email"]
     url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
-    to: Annotated[list[Annotated[str, Field(min_length=3, max_length=254)]], Field(min_length=1, max_length=20)] | None = None
+    to: (
+        Annotated[list[Annotated[str, Field(min_length=3, max_length=254)]], Field(min_length=1, max_length=20)] | None
+    ) = None
 
 
 class MonitorIn(In):

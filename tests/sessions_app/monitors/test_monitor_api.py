@@ -101,7 +101,9 @@ def test_bad_bodies_are_4xx_and_change_nothing(session: Any, owner: Any, feed_se
     assert not Monitor.objects.exists()
 
 
-def test_operator_resolves_an_unknown_email_edition(session: Any, owner: Any, feed_server: FeedServer, settings: Any) -> None:
+def test_operator_resolves_an_unknown_email_edition(
+    session: Any, owner: Any, feed_server: FeedServer, settings: Any
+) -> None:
     settings.TERRET_OWNER_MAY_RESOLVE = True
     client = Client()
     auth = bearer(token_for(owner))
@@ -121,7 +123,9 @@ def test_operator_resolves_an_unknown_email_edition(session: Any, owner: Any, fe
     assert post(client, path, {"action": "failed"}, auth).status_code == 409
 
 
-def test_agent_tools_reach_the_service(session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver) -> None:
+def test_agent_tools_reach_the_service(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
     backend = monitor_tools._monitors()
     spec = {
         "schedule": {"every_seconds": 3600},

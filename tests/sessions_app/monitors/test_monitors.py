@@ -292,7 +292,9 @@ def test_fifty_periods_with_faults(session: Any, feed_server: FeedServer, editio
     # complete (the last scan of the partition says so).
     last = SourceScan.objects.filter(monitor=m).order_by("-id").first()
     assert last is not None
-    pending = set(MonitorCandidate.objects.filter(monitor=m, status__in=("pending", "assigned")).values_list("item_id", "version"))
+    pending = set(
+        MonitorCandidate.objects.filter(monitor=m, status__in=("pending", "assigned")).values_list("item_id", "version")
+    )
     missing = [v for v in feed_server.versions() if v not in set(counted) | pending]
     assert not missing or last.coverage != "complete" or Edition.objects.filter(monitor=m, status="unknown").exists()
     # The faults stop: everything arrives, each version once.
