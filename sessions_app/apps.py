@@ -13,7 +13,7 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
-        from sessions_app.monitors import run as monitor_run
+        from sessions_app.monitors import run as monitor_run  # local, as the ones above: models load first
         from sessions_app.runtime import codever, hooks, versions
         from sessions_app.services import compaction, monitors, schedules
         from sessions_app.services.post_turn import post_turn

@@ -15,7 +15,7 @@ from django.core.mail import EmailMessage
 from django.core.validators import validate_email
 
 from sessions_app.errors import InvalidInput
-from sessions_app.monitors.destinations import Confirmed, Failed, Outcome, Publication, Unknown, register
+from sessions_app.monitors.destinations.base import Confirmed, Failed, Outcome, Publication, Unknown
 
 MAX_RECIPIENTS = 20
 
@@ -59,6 +59,3 @@ class Email:
         if not sent:
             return Unknown("the mail backend reported nothing sent")
         return Confirmed(message_id)
-
-
-register(Email())

@@ -15,7 +15,7 @@ import httpx
 
 from sessions_app import outbound
 from sessions_app.errors import InvalidInput, UnsafeUrl
-from sessions_app.monitors.destinations import Confirmed, Failed, Outcome, Publication, Unknown, register
+from sessions_app.monitors.destinations.base import Confirmed, Failed, Outcome, Publication, Unknown
 
 SIGNATURE_HEADER = "X-Terret-Signature"
 TIMEOUT = 15.0
@@ -71,6 +71,3 @@ class Webhook:
         if not isinstance(receipt, (str, int)) or isinstance(receipt, bool) or str(receipt) == "":
             return Unknown(f"HTTP {response.status_code} without a receipt id")
         return Confirmed(str(receipt)[:300])
-
-
-register(Webhook())

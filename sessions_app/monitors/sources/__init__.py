@@ -5,58 +5,12 @@ the registry does not hold is refused at creation and blocks the period
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol
+from sessions_app.monitors.sources.base import COVERAGES, Item, Kind, Scan
+from sessions_app.monitors.sources.feed import Feed
 
-COVERAGES = ("complete", "partial", "failed")
+__all__ = ["COVERAGES", "Item", "Kind", "Scan", "get", "names"]
 
-
-@dataclass(frozen=True)
-class Item:
-    """One item version: a stable identity, and a version that changes when the item is updated."""
-
-    id: str
-    version: str
-    title: str
-    url: str
-    time: datetime | None
-
-
-@dataclass
-class Scan:
-    """What a scan read and what it can prove: `complete` only when the
-    interval since the checkpoint was exhausted (the boundary seen)."""
-
-    coverage: str
-    items: list[Item] = field(default_factory=list)
-    pages: int = 0
-    boundary: datetime | None = None  # the checkpoint value the scan proved it reached
-    checkpoint: datetime | None = None  # the new checkpoint (complete scans only)
-    error: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-class Kind(Protocol):
-    name: str
-    version: int
-
-    def check(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config cleaned, or InvalidInput/UnsafeUrl."""
-
-    def revision(self, config: dict[str, Any]) -> str:
-        """What identifies the query: a change starts a new checkpoint."""
-
-    def scan(self, config: dict[str, Any], checkpoint: datetime | None, initialized: bool) -> Scan:
-        """Read from the checkpoint (minus the overlap) to now."""
-
-
-_kinds: dict[str, Kind] = {}
-
-
-def register(kind: Kind) -> Kind:
-    _kinds[kind.name] = kind
-    return kind
+_kinds: dict[str, Kind] = {k.name: k for k in (Feed(),)}
 
 
 def get(name: str) -> Kind | None:
@@ -65,10 +19,3 @@ def get(name: str) -> Kind | None:
 
 def names() -> list[str]:
     return sorted(_kinds)
-
-
-def _load() -> None:
-    from sessions_app.monitors.sources import feed  # noqa: F401 - import-time: the kind registers itself
-
-
-_load()

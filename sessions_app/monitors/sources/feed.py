@@ -29,7 +29,7 @@ import httpx
 
 from sessions_app import outbound
 from sessions_app.errors import InvalidInput, UnsafeUrl
-from sessions_app.monitors.sources import Item, Scan, register
+from sessions_app.monitors.sources.base import Item, Scan
 
 MAX_PAGES = 50
 MAX_PAGE_BYTES = 2 * 1024 * 1024
@@ -195,6 +195,3 @@ def _next(parsed: Any, base: str) -> str | None:
             if link.get("rel") == rel and link.get("href"):
                 return urljoin(base, link["href"])
     return None
-
-
-register(Feed())
