@@ -503,7 +503,7 @@ class ResolveOut(Schema):
 class AttentionItemOut(Schema):
     kind: str = Field(
         description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, "
-        "effects_audit, stalled, notification, stranded"
+        "effects_audit, stalled, notification, stranded, monitor_coverage, monitor_unknown, monitor_held"
     )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
@@ -520,6 +520,7 @@ class AttentionOut(Schema):
         "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress, "
         "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
         "pinned_version, what, reason}), "
+        "monitors: failed or partial coverage, unknown and held editions, detail {monitor_id, edition_id, reason}; "
         "each at most 200"
     )
     counts: dict[str, int]

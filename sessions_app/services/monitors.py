@@ -272,8 +272,17 @@ def attention() -> dict[str, list[dict[str, Any]]]:
         for c in coverage(m):
             if c["coverage"] in ("partial", "failed"):
                 bad_scans.append({"monitor_id": str(m.id), "session_id": str(m.session_id), **c})
-    unknown = [edition_json(e) for e in Edition.objects.filter(status="unknown").order_by("-updated_at")[:100]]
-    held = [edition_json(e) for e in Edition.objects.filter(status="held").order_by("-updated_at")[:100]]
+
+    def editions_in(status: str) -> list[dict[str, Any]]:
+        rows = Edition.objects.filter(status=status, monitor__status="active").select_related("monitor")
+        return [
+            {**edition_json(e), "session_id": str(e.monitor.session_id)}
+            for e in rows.order_by("-updated_at")[:100]
+            # a held edition matters while it is its monitor's newest: a later one settled what it held
+            if status != "held" or e.period == e.monitor.periods
+        ]
+
+    unknown, held = editions_in("unknown"), editions_in("held")
     return {"coverage": bad_scans[:100], "unknown": unknown, "held": held}
 
 
