@@ -2,7 +2,8 @@
 session page's schedules and monitors panels, each rendered from its own
 read (the chat view need not know about schedules or monitors). A
 template library of the pages' own, registered by dotted path in settings
-(TEMPLATES' "libraries"), so it lives in web/ beside its views instead of in an app's templatetags package beneath every door."""
+(TEMPLATES' "libraries"), so it lives in web/ beside its views instead of
+in an app's templatetags package beneath every door."""
 
 from __future__ import annotations
 
