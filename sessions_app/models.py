@@ -796,6 +796,9 @@ class Monitor(models.Model):
     sources = models.JSONField()  # [{"kind", "url", "partition", "name", "initial", "overlap_seconds"}]
     destination = models.JSONField()  # {"kind": "webhook", "url"} | {"kind": "email", "to"} | {"kind": "session"}
     quiet = models.CharField(max_length=16, default="suppress")
+    # Who writes an edition's digest: "model" (the session's main model, from the candidates the host
+    # hands it; the host's own list if the model fails) or "host".
+    digest_by = models.CharField(max_length=8, default="host")
     every_seconds = models.PositiveIntegerField(null=True, blank=True)
     cron = models.CharField(max_length=120, blank=True)
     misfire = models.CharField(max_length=16, default="run_once")
@@ -887,6 +890,7 @@ class Edition(models.Model):
     scans = models.JSONField(default=list)  # SourceScan ids
     coverage = models.JSONField(default=list)  # [{"source", "partition", "coverage", "error"}]
     digest = models.TextField(blank=True)
+    digest_by = models.CharField(max_length=120, blank=True)  # "" until written: "model", or "host" (and why)
     receipt = models.CharField(max_length=300, blank=True)
     reason = models.TextField(blank=True)
     attempts = models.PositiveIntegerField(default=0)

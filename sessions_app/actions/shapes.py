@@ -119,7 +119,7 @@ class MonitorSourceIn(In):
 
 
 class MonitorDestinationIn(In):
-    kind: Literal["webhook", "email"]
+    kind: Literal["webhook", "email", "session"]
     url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
     to: (
         Annotated[list[Annotated[str, Field(min_length=3, max_length=254)]], Field(min_length=1, max_length=20)] | None
@@ -131,6 +131,7 @@ class MonitorIn(In):
     sources: Annotated[list[MonitorSourceIn], Field(min_length=1, max_length=20)]
     destination: MonitorDestinationIn
     quiet: Literal["suppress", "send"] = "suppress"
+    digest: Literal["host", "model"] = "host"
     idempotency_key: Key | None = None
 
 

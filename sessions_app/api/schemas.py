@@ -351,6 +351,7 @@ class MonitorOut(Schema):
     sources: list[dict[str, Any]]
     destination: dict[str, Any]
     quiet: Literal["suppress", "send"]
+    digest: Literal["host", "model"]
     periods: int
     next_due_at: str | None
     idempotency_key: str | None
@@ -376,6 +377,7 @@ class EditionOut(Schema):
     scans: list[int]
     coverage: list[dict[str, Any]]
     digest: str
+    digest_by: str = Field(description='"model", or "host" (and why, when the model was asked and failed)')
     receipt: str | None
     reason: str
     attempts: int

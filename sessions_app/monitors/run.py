@@ -31,6 +31,7 @@ nothing and sends nothing twice:
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import uuid
@@ -42,7 +43,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from sessions_app import log
 from sessions_app.errors import LeaseLost
+from sessions_app.llm.registry import complete_utility
+from sessions_app.llm.types import ModelError
 from sessions_app.models import (
     DeliveryLedger,
     Edition,
@@ -56,6 +60,7 @@ from sessions_app.monitors import destinations, sources
 from sessions_app.monitors.destinations import Confirmed, Failed, Publication
 from sessions_app.runtime import failpoints
 from sessions_app.runtime.failures import is_database_outage
+from sessions_app.runtime.roles import resolve_spec
 from sessions_app.runtime.schedules import next_after
 
 logger = logging.getLogger(__name__)
@@ -324,7 +329,14 @@ def decide(
             )
         else:
             items = [item_of(c) for c in pending]
-            edition = Edition.objects.create(**base, status="prepared", items=items, digest=digest_of(items, coverage))
+            by_model = m.digest_by == "model" and bool(items)
+            edition = Edition.objects.create(
+                **base,
+                status="prepared",
+                items=items,
+                digest="" if by_model else digest_of(items, coverage),
+                digest_by="" if by_model else "host",
+            )
             MonitorCandidate.objects.filter(id__in=[c.id for c in pending]).update(status="assigned", edition=edition)
         m.periods = n
         m.due_at = next_due(m, now)
@@ -350,6 +362,7 @@ def next_due(m: Monitor, now: datetime) -> datetime | None:
 
 def publish(edition_id: uuid.UUID, token: str) -> Edition:
     """Intent, send, receipt: each committed on its own, fenced on the lease."""
+    write_digest(edition_id, token)
     with transaction.atomic():
         e = Edition.objects.select_for_update().select_related("monitor").get(id=edition_id)
         m = _fenced(e.monitor_id, token)
@@ -359,6 +372,23 @@ def publish(edition_id: uuid.UUID, token: str) -> Edition:
         if kind is None:
             e.status, e.reason = "held", f"definition_missing: no destination kind {m.destination.get('kind')!r}"
             e.save(update_fields=["status", "reason"])
+            return e
+        if kind.local:
+            # Nothing external: the event, the confirmation and the ledger commit together.
+            e.attempts += 1
+            with log.locked(m.session_id) as tx:
+                event = tx.append(
+                    "monitor/edition",
+                    {
+                        "monitor_id": str(m.id),
+                        "edition_id": str(e.id),
+                        "period": e.period,
+                        "digest": e.digest,
+                        "items": list(e.items),
+                    },
+                )
+                record(e, Confirmed(str(event.seq)))
+            Edition.objects.filter(id=e.id).update(attempts=e.attempts)
             return e
         e.status = "posting"
         e.attempts += 1
@@ -386,6 +416,47 @@ def publish(edition_id: uuid.UUID, token: str) -> Edition:
             return e
         record(e, outcome)
     return e
+
+
+DIGEST_PROMPT = (
+    "You write the digest of a monitoring job's edition. The host collected the new items listed below and "
+    "will deliver exactly those with your digest; do not add, drop or invent items. Write a short digest (at "
+    "most 15 lines) for the reader: what is new, grouped where useful. If the coverage notes name a source "
+    "that could not be read, say so plainly: it is not 'nothing new'. Reply with the digest only."
+)
+DIGEST_INPUT_CHARS = 16_000
+DIGEST_MAX_CHARS = 8_000
+
+
+def write_digest(edition_id: uuid.UUID, token: str) -> None:
+    """The model writes a prepared edition's digest (the monitor's `digest_by`
+    "model"), from the candidates the host selected; outside any transaction.
+    The model's reply never changes the items, the coverage or the status; a
+    model that fails leaves the host's own digest, and says so."""
+    e = Edition.objects.select_related("monitor__session__profile").get(id=edition_id)
+    if e.status != "prepared" or e.digest_by:
+        return
+    session = e.monitor.session
+    spec = resolve_spec("main", session.profile, session.id)
+    text, by, usage = "", "host", None
+    if spec:
+        listing = json.dumps(
+            {"items": [{k: i[k] for k in ("source", "title", "url")} for i in e.items], "coverage": e.coverage}
+        )[:DIGEST_INPUT_CHARS]
+        messages = [{"role": "system", "content": DIGEST_PROMPT}, {"role": "user", "content": listing}]
+        try:
+            reply = complete_utility(spec, messages)
+            text, usage = (reply.content or "").strip()[:DIGEST_MAX_CHARS], reply.usage
+            by = "model" if text else "host (the model answered nothing)"
+        except ModelError as exc:
+            by = f"host (the model failed: {exc})"[:120]
+    if usage is not None:
+        log.append(session.id, "usage/recorded", {"purpose": "digest", "model": spec or "", "usage": usage.as_json()})
+    with transaction.atomic():
+        _fenced(e.monitor_id, token)
+        Edition.objects.filter(id=e.id, status="prepared", digest_by="").update(
+            digest=text or digest_of(list(e.items), list(e.coverage)), digest_by=by, updated_at=timezone.now()
+        )
 
 
 def record(e: Edition, outcome: destinations.Outcome) -> None:

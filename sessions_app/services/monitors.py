@@ -37,6 +37,7 @@ from sessions_app.validation import clean_text
 MAX_SOURCES = 20
 MAX_KEY_CHARS = 200
 QUIET = ("suppress", "send")
+DIGESTS = ("host", "model")
 MAX_LIVE = 20  # a session's active monitors
 MAX_EDITIONS_READ = 200
 
@@ -73,7 +74,11 @@ def check_body(session: Session, body: Any) -> dict[str, Any]:
     quiet = body.get("quiet", "suppress")
     if quiet not in QUIET:
         raise InvalidInput(f"quiet must be one of {', '.join(QUIET)}")
+    digest_by = body.get("digest", "host")
+    if digest_by not in DIGESTS:
+        raise InvalidInput(f"digest must be one of {', '.join(DIGESTS)}")
     return {
+        "digest_by": digest_by,
         "spec": spec,
         "sources": checked,
         "destination": dkind.check(dest),
@@ -117,6 +122,7 @@ def create(
             sources=checked["sources"],
             destination=checked["destination"],
             quiet=checked["quiet"],
+            digest_by=checked["digest_by"],
             every_seconds=spec.every_seconds,
             cron=spec.cron,
             misfire=spec.misfire,
@@ -194,6 +200,7 @@ def as_json(m: Monitor, *, detail: bool = True) -> dict[str, Any]:
         "sources": m.sources,
         "destination": m.destination,
         "quiet": m.quiet,
+        "digest": m.digest_by,
         "periods": m.periods,
         "next_due_at": m.due_at.isoformat() if m.due_at and m.status == "active" else None,
         "idempotency_key": m.idempotency_key,
@@ -222,6 +229,7 @@ def edition_json(e: Edition) -> dict[str, Any]:
         "scans": e.scans,
         "coverage": e.coverage,
         "digest": e.digest,
+        "digest_by": e.digest_by,
         "receipt": e.receipt or None,
         "reason": e.reason,
         "attempts": e.attempts,

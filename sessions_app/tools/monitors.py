@@ -83,8 +83,12 @@ _CREATE = {
                 "required": ["kind", "url"],
             },
         },
-        "destination": {"type": "object", "description": '{"kind": "webhook", "url"} or {"kind": "email", "to": [..]}'},
+        "destination": {
+            "type": "object",
+            "description": '{"kind": "webhook", "url"}, {"kind": "email", "to": [..]} or {"kind": "session"}',
+        },
         "quiet": {"enum": ["suppress", "send"]},
+        "digest": {"enum": ["host", "model"], "description": "who writes each edition's digest"},
     },
     "required": ["schedule", "sources", "destination"],
     "additionalProperties": False,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from sessions_app.monitors.destinations.base import Confirmed, Failed, Kind, Outcome, Publication, Unknown
 from sessions_app.monitors.destinations.email import Email
+from sessions_app.monitors.destinations.session import SessionDestination
 from sessions_app.monitors.destinations.webhook import Webhook
 
 __all__ = ["Confirmed", "Failed", "Kind", "Outcome", "Publication", "Unknown", "get", "names"]
 
-_kinds: dict[str, Kind] = {k.name: k for k in (Webhook(), Email())}
+_kinds: dict[str, Kind] = {k.name: k for k in (Webhook(), Email(), SessionDestination())}
 
 
 def get(name: str) -> Kind | None:

@@ -42,6 +42,8 @@ class Kind(Protocol):
     # Whether re-sending under the same Idempotency-Key is safe: an unknown
     # edition is re-sent automatically only to a destination that honours it.
     idempotent: bool
+    # A local destination (the session itself) is published inside the edition's own transaction.
+    local: bool
 
     def check(self, config: dict[str, Any]) -> dict[str, Any]: ...
 

@@ -24,6 +24,7 @@ class Email:
     name = "email"
     version = 1
     idempotent = False
+    local = False
 
     def check(self, config: dict[str, Any]) -> dict[str, Any]:
         to = config.get("to")

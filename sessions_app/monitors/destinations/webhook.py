@@ -39,6 +39,7 @@ class Webhook:
     name = "webhook"
     version = 1
     idempotent = True
+    local = False
 
     def check(self, config: dict[str, Any]) -> dict[str, Any]:
         url = config.get("url")

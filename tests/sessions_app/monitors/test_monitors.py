@@ -5,6 +5,7 @@ processes are test_worker_monitors.py."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from datetime import timedelta
@@ -14,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from sessions_app.errors import InvalidInput, UnsafeUrl
-from sessions_app.models import DeliveryLedger, Edition, Monitor, MonitorCandidate, MonitorCheckpoint, SourceScan
+from sessions_app.models import DeliveryLedger, Edition, Event, Monitor, MonitorCandidate, MonitorCheckpoint, SourceScan
 from sessions_app.monitors import run
 from sessions_app.services import monitors
 from tests.sessions_app.monitors.conftest import EditionReceiver, FeedServer
@@ -342,3 +343,43 @@ def test_bad_requests_change_nothing(session: Any, feed_server: FeedServer, sett
     with pytest.raises(UnsafeUrl):
         monitors.create(session.id, good, by="owner")
     assert not Monitor.objects.exists()
+
+
+def test_session_destination_receipt_is_the_event_seq(session: Any, feed_server: FeedServer) -> None:
+    m = make(session, feed_server, {"kind": "session"})
+    feed_server.add(3)
+    e = period(m)
+    assert e.status == "confirmed", e.reason
+    events = list(Event.objects.filter(session_id=session.id, kind="monitor/edition"))
+    assert len(events) == 1 and str(events[0].seq) == e.receipt
+    assert events[0].data["edition_id"] == str(e.id) and len(events[0].data["items"]) == 3
+    feed_server.add(1)
+    period(m)
+    assert Event.objects.filter(session_id=session.id, kind="monitor/edition").count() == 2
+    assert DeliveryLedger.objects.filter(monitor=m).count() == 4
+
+
+def test_the_model_writes_only_the_digest(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver, fake_llm: Any
+) -> None:
+    from tests.fakes.fake_llm import Reply
+
+    m = make(session, feed_server, webhook(edition_receiver), digest="model")
+    feed_server.add(2)
+    fake_llm.script(Reply(text="Two new posts: item 1 and item 2. Also item 99!", usage=(30, 12, 0.001)))
+    e = period(m)
+    assert e.status == "confirmed" and e.digest_by == "model"
+    [request] = fake_llm.requests
+    assert "Title item-1" in json.dumps(request["messages"])  # the host handed it the candidates
+    [body] = edition_receiver.accepted.values()
+    assert body["digest"].startswith("Two new posts")
+    # The model's "item 99" is words in the digest, nothing more: the items are the host's.
+    assert [i["id"] for i in body["items"]] == ["urn:test:item-1", "urn:test:item-2"]
+    used = Event.objects.get(session_id=session.id, kind="usage/recorded", data__purpose="digest")
+    assert used.data["usage"]["prompt_tokens"] == 30
+    # A model that fails leaves the host's digest, and the edition says why.
+    feed_server.add(1)
+    fake_llm.script(Reply(status=400))  # permanent: the adapter does not retry it
+    e = period(m)
+    assert e.status == "confirmed" and e.digest_by.startswith("host (the model failed")
+    assert "Title item-3" in e.digest
