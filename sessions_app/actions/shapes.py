@@ -110,12 +110,22 @@ class MonitorScheduleIn(In):
 
 
 class MonitorSourceIn(In):
-    kind: Literal["feed"]
+    kind: Literal["feed", "http_json"]
     url: Annotated[str, Field(min_length=1, max_length=2000)]
     partition: Annotated[str, Field(min_length=1, max_length=120)] | None = None
     name: Annotated[str, Field(min_length=1, max_length=300)] | None = None
     initial: Literal["all", "now"] | None = None
     overlap_seconds: Annotated[int, Field(ge=0, le=2592000)] | None = None
+    # http_json only: dotted paths into the answer and its items, and the paging parameters
+    items: Annotated[str, Field(max_length=200)] | None = None
+    id: Annotated[str, Field(max_length=200)] | None = None
+    version: Annotated[str, Field(max_length=200)] | None = None
+    title: Annotated[str, Field(max_length=200)] | None = None
+    link: Annotated[str, Field(max_length=200)] | None = None
+    time: Annotated[str, Field(max_length=200)] | None = None
+    cursor_param: Annotated[str, Field(max_length=200)] | None = None
+    next_cursor: Annotated[str, Field(max_length=200)] | None = None
+    since_param: Annotated[str, Field(max_length=200)] | None = None
 
 
 class MonitorDestinationIn(In):

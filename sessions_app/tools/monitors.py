@@ -74,7 +74,7 @@ _CREATE = {
             "items": {
                 "type": "object",
                 "properties": {
-                    "kind": {"enum": ["feed"]},
+                    "kind": {"enum": ["feed", "http_json"]},
                     "url": {"type": "string"},
                     "partition": {"type": "string"},
                     "name": {"type": "string"},

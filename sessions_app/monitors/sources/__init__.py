@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from sessions_app.monitors.sources.base import COVERAGES, Item, Kind, Scan
 from sessions_app.monitors.sources.feed import Feed
+from sessions_app.monitors.sources.http_json import HttpJson
 
 __all__ = ["COVERAGES", "Item", "Kind", "Scan", "get", "names"]
 
-_kinds: dict[str, Kind] = {k.name: k for k in (Feed(),)}
+_kinds: dict[str, Kind] = {k.name: k for k in (Feed(), HttpJson())}
 
 
 def get(name: str) -> Kind | None:

@@ -81,19 +81,19 @@ class Feed:
         visited: list[str] = []
         while url is not None:
             if url in visited:
-                return _gap(items, pages, visited, f"the feed's paging loops back to {url}")
+                return gap(items, pages, visited, f"the feed's paging loops back to {url}")
             if pages >= MAX_PAGES:
-                return _gap(items, pages, visited, f"stopped after {MAX_PAGES} pages before reaching the checkpoint")
+                return gap(items, pages, visited, f"stopped after {MAX_PAGES} pages before reaching the checkpoint")
             try:
-                body = _get(url)
-            except _PageError as exc:
-                return _gap(items, pages, visited, f"page {pages + 1} ({url}): {exc}")
+                body = get_page(url)
+            except PageError as exc:
+                return gap(items, pages, visited, f"page {pages + 1} ({url}): {exc}")
             parsed = feedparser.parse(body)
             if parsed.get("bozo") and not isinstance(
                 parsed.get("bozo_exception"), feedparser.CharacterEncodingOverride
             ):
                 reason = parsed.get("bozo_exception")
-                return _gap(items, pages, visited, f"page {pages + 1} ({url}) is unreadable or truncated: {reason}")
+                return gap(items, pages, visited, f"page {pages + 1} ({url}) is unreadable or truncated: {reason}")
             pages += 1
             visited.append(url)
             past_floor = False
@@ -113,7 +113,7 @@ class Feed:
                 break
             url = _next(parsed, url)
         if not (proven or first or checkpoint is None):
-            return _gap(
+            return gap(
                 items,
                 pages,
                 visited,
@@ -130,11 +130,11 @@ class Feed:
         )
 
 
-class _PageError(Exception):
-    pass
+class PageError(Exception):
+    """A page that could not be read: its reason becomes the scan's error."""
 
 
-def _gap(items: dict[tuple[str, str], Item], pages: int, visited: list[str], error: str) -> Scan:
+def gap(items: dict[tuple[str, str], Item], pages: int, visited: list[str], error: str) -> Scan:
     return Scan(
         coverage="partial" if pages else "failed",
         items=list(items.values()),
@@ -144,27 +144,26 @@ def _gap(items: dict[tuple[str, str], Item], pages: int, visited: list[str], err
     )
 
 
-def _get(url: str) -> bytes:
+def get_page(url: str, accept: str = "application/atom+xml, application/rss+xml") -> bytes:
+    """One page through the SSRF check; PageError for anything but a 200 of at most MAX_PAGE_BYTES."""
     try:
-        response = outbound.request(
-            "GET", url, content=b"", headers={"Accept": "application/atom+xml, application/rss+xml"}, timeout=TIMEOUT
-        )
+        response = outbound.request("GET", url, content=b"", headers={"Accept": accept}, timeout=TIMEOUT)
     except UnsafeUrl as exc:
-        raise _PageError(f"refused: {exc}") from None
+        raise PageError(f"refused: {exc}") from None
     except httpx.HTTPError as exc:
-        raise _PageError(f"{type(exc).__name__}: {exc or 'the connection failed'} (truncated or unreachable)") from None
+        raise PageError(f"{type(exc).__name__}: {exc or 'the connection failed'} (truncated or unreachable)") from None
     status = response.status_code
     if status == 429:
-        raise _PageError(f"HTTP 429 rate limited (Retry-After: {response.headers.get('retry-after', '-')})")
+        raise PageError(f"HTTP 429 rate limited (Retry-After: {response.headers.get('retry-after', '-')})")
     if status in (401, 403):
-        raise _PageError(f"HTTP {status}: authentication failed")
+        raise PageError(f"HTTP {status}: authentication failed")
     if status in (404, 410):
-        raise _PageError(f"HTTP {status}: the page is gone (expired history)")
+        raise PageError(f"HTTP {status}: the page is gone (expired history)")
     if status != 200:
-        raise _PageError(f"HTTP {status}")
+        raise PageError(f"HTTP {status}")
     body = response.content
     if len(body) > MAX_PAGE_BYTES:
-        raise _PageError(f"the page is larger than {MAX_PAGE_BYTES} bytes")
+        raise PageError(f"the page is larger than {MAX_PAGE_BYTES} bytes")
     return body
 
 

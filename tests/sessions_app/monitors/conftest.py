@@ -43,6 +43,7 @@ class FeedServer:
         self.faults: list[str] = []
         self.expire_after: int | None = None
         self.requests = 0
+        self.since_asked: list[str | None] = []
         self.lock = threading.Lock()
         self.clock = BASE
         outer = self
@@ -88,6 +89,9 @@ class FeedServer:
             return {(e.id, e.updated.isoformat()) for e in self.entries.values()}
 
     def serve(self, h: BaseHTTPRequestHandler) -> None:
+        if urlsplit(h.path).path == "/items":
+            self.serve_json(h)
+            return
         page = int(parse_qs(urlsplit(h.path).query).get("page", ["1"])[0])
         with self.lock:
             self.requests += 1
@@ -120,6 +124,41 @@ class FeedServer:
             h.connection.shutdown(2)
             return
         self._send(h, 200, body, {"Content-Type": "application/atom+xml"})
+
+    def serve_json(self, h: BaseHTTPRequestHandler) -> None:
+        """/items: the same entries as a JSON list endpoint, `since` and `cursor` parameters,
+        {"data": {"items": [...]}, "next": cursor | null}; the same faults."""
+        query = parse_qs(urlsplit(h.path).query)
+        since = datetime.fromisoformat(query["since"][0]) if "since" in query else None
+        offset = int(query.get("cursor", ["0"])[0])
+        with self.lock:
+            self.requests += 1
+            self.since_asked.append(query.get("since", [None])[0])
+            fault = self.faults.pop(0) if self.faults else None
+            ordered = sorted(self.entries.values(), key=lambda e: (e.updated, e.id), reverse=True)
+        if fault == "429":
+            self._send(h, 429, b"{}", {"Retry-After": "60"})
+            return
+        if fault == "auth":
+            self._send(h, 401, b"{}", {})
+            return
+        rows = [e for e in ordered if since is None or e.updated >= since]
+        chunk = rows[offset : offset + self.page_size]
+        more = len(rows) > offset + self.page_size
+        body = json.dumps(
+            {
+                "data": {
+                    "items": [
+                        {"id": e.id, "title": e.title, "updated_at": e.updated.isoformat(), "url": f"https://x/{e.id}"}
+                        for e in chunk
+                    ]
+                },
+                "next": str(offset + self.page_size) if more else None,
+            }
+        ).encode()
+        if fault in ("garbage", "truncate"):
+            body = body[: len(body) // 2]
+        self._send(h, 200, body, {"Content-Type": "application/json"})
 
     def atom(self, chunk: list[Entry], page: int | None) -> str:
         nxt = f'<link rel="next" href="{self.url}?page={page + 1}"/>' if page else ""

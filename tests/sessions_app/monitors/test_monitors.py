@@ -383,3 +383,39 @@ def test_the_model_writes_only_the_digest(
     e = period(m)
     assert e.status == "confirmed" and e.digest_by.startswith("host (the model failed")
     assert "Title item-3" in e.digest
+
+
+def test_http_json_source_cursor_since_and_faults(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    source = {
+        "kind": "http_json",
+        "url": f"{feed_server.base}/items",
+        "items": "data.items",
+        "next_cursor": "next",
+        "cursor_param": "cursor",
+        "since_param": "since",
+        "overlap_seconds": 300,
+    }
+    body = {"schedule": {"every_seconds": 3600}, "sources": [source], "destination": webhook(edition_receiver)}
+    m, _ = monitors.create(session.id, body, by="owner")
+    feed_server.page_size = 2
+    feed_server.add(5)
+    e = period(m)
+    assert e.status == "confirmed" and len(e.items) == 5
+    assert SourceScan.objects.get(id=e.scans[0]).pages == 3  # followed the cursor
+    assert feed_server.since_asked[0] is None  # first run: the whole list, explicitly
+    feed_server.add(2)
+    feed_server.faults = ["429"]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "failed" and "429" in e.coverage[0]["error"]
+    feed_server.faults = [None, "garbage"]  # type: ignore[list-item]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "partial" and "not JSON" in e.coverage[0]["error"]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "complete"
+    # Asked from the checkpoint minus the overlap, never a fixed lookback.
+    checkpoint = MonitorCheckpoint.objects.get(monitor=m).value
+    assert checkpoint is not None
+    assert feed_server.since_asked[-1] is not None
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
