@@ -117,7 +117,8 @@ class HttpJson:
         since = bool(config.get("since_param")) and floor is not None
         params: dict[str, str] = {config["since_param"]: floor.isoformat()} if since and floor else {}
         items: dict[tuple[str, str], Item] = {}
-        newest, proven, pages, visited = checkpoint, False, 0, []
+        newest, proven, pages = checkpoint, False, 0
+        visited: list[str] = []
         cursor: str | None = None
         while True:
             url = with_params(config["url"], {**params, **({config["cursor_param"]: cursor} if cursor else {})})
