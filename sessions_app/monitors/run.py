@@ -54,14 +54,15 @@ from sessions_app.models import (
     MonitorCandidate,
     MonitorCheckpoint,
     Schedule,
+    Session,
     SourceScan,
 )
 from sessions_app.monitors import destinations, sources
 from sessions_app.monitors.destinations import Confirmed, Failed, Publication
-from sessions_app.runtime import failpoints
+from sessions_app.runtime import failpoints, limits
 from sessions_app.runtime.failures import is_database_outage
 from sessions_app.runtime.roles import resolve_spec
-from sessions_app.runtime.schedules import next_after
+from sessions_app.runtime.schedules import OWNER_INACTIVE, next_after
 
 logger = logging.getLogger(__name__)
 
@@ -143,12 +144,50 @@ def _fenced(monitor_id: uuid.UUID, token: str) -> Monitor:
 
 
 def run(monitor_id: uuid.UUID, token: str, *, now: datetime) -> None:
-    m = Monitor.objects.get(id=monitor_id)
-    settled = settle(m, token)
+    m = Monitor.objects.select_related("session__owner", "session__profile").get(id=monitor_id)
+    stop = stopped(m.session)
+    if stop is not None:
+        with transaction.atomic():
+            _fenced(m.id, token)
+            Monitor.objects.filter(id=m.id).update(status="cancelled", status_reason=stop, due_at=None, updated_at=now)
+        return
+    hold = held(m.session)
+    # Under a hold (an operator's suspension, a budget) nothing is sent, not even a reconciling re-send;
+    # collection goes on and the period's edition is held.
+    settled = settle(m, token) if hold is None else False
     if m.due_at is not None and m.due_at <= now:
-        edition = period(m, token, now, blocked=not settled)
+        blocked = hold or (
+            None if settled else "an earlier edition's outcome is unknown: it is reconciled before any other send"
+        )
+        edition = period(m, token, now, blocked=blocked)
         if edition is not None and edition.status == "prepared":
             publish(edition.id, token)
+
+
+def stopped(session: Session) -> str | None:
+    """Why the monitor ends for good (as a schedule does): its session revoked or archived, its owner inactive."""
+    if session.revoked_seq is not None:
+        return "the session was revoked"
+    if session.archived_at is not None:
+        return "the session was archived"
+    if not session.owner.is_active:
+        return OWNER_INACTIVE
+    return None
+
+
+def held(session: Session) -> str | None:
+    """Why nothing may be sent now: an operator's hold, a budget (the schedules' own checks)."""
+    profile = session.profile
+    if profile is None:
+        return "held: the session has no agent profile"
+    hold = limits.hold_of(profile, suspended=session.suspended_seq is not None)
+    if hold is not None:
+        return f"held: {hold.message}"
+    budgeted = any(getattr(session, f"budget_{name}") is not None for name in limits.BUDGETS)
+    over = limits.check(session.id, profile, opening=True, budgeted=budgeted)
+    if over is not None:
+        return f"held: budget: {over.message}"
+    return None
 
 
 def settle(m: Monitor, token: str) -> bool:
@@ -176,7 +215,7 @@ def settle(m: Monitor, token: str) -> bool:
 # -- collection -------------------------------------------------------------------
 
 
-def period(m: Monitor, token: str, now: datetime, *, blocked: bool) -> Edition | None:
+def period(m: Monitor, token: str, now: datetime, *, blocked: str | None) -> Edition | None:
     n = m.periods + 1
     scans = [scan_partition(m, token, n, source) for source in m.sources]
     return decide(m.id, token, n, scans, now, blocked=blocked)
@@ -289,7 +328,7 @@ def digest_of(items: list[dict[str, Any]], coverage: list[dict[str, Any]]) -> st
 
 
 def decide(
-    monitor_id: uuid.UUID, token: str, n: int, scans: list[SourceScan], now: datetime, *, blocked: bool
+    monitor_id: uuid.UUID, token: str, n: int, scans: list[SourceScan], now: datetime, *, blocked: str | None
 ) -> Edition | None:
     """The period's edition and the monitor's next due time, in one commit."""
     with transaction.atomic():
@@ -316,10 +355,7 @@ def decide(
             )
         elif blocked:
             edition = Edition.objects.create(
-                **base,
-                status="held",
-                reason="an earlier edition's outcome is unknown: it is reconciled before any other send; "
-                f"{len(pending)} item(s) stay pending",
+                **base, status="held", reason=f"{blocked}; {len(pending)} item(s) stay pending"
             )
         elif not pending and not incomplete and m.quiet == "suppress":
             edition = Edition.objects.create(

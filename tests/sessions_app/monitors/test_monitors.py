@@ -419,3 +419,27 @@ def test_http_json_source_cursor_since_and_faults(
     assert checkpoint is not None
     assert feed_server.since_asked[-1] is not None
     assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+
+
+def test_a_hold_sends_nothing_and_a_revoked_session_ends_the_monitor(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    from sessions_app.services import operators
+
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(2)
+    operators.suspend("session", str(session.id), by="ops", reason="incident")
+    e = period(m)
+    assert e.status == "held" and "held:" in e.reason and "2 item(s) stay pending" in e.reason
+    assert e.coverage[0]["coverage"] == "complete"  # collection went on
+    assert edition_receiver.posts == 0
+    operators.resume("session", str(session.id), by="ops")
+    e = period(m)
+    assert e.status == "confirmed" and len(e.items) == 2
+    operators.revoke(session.id, by="ops")
+    feed_server.add(1)
+    Monitor.objects.filter(id=m.id).update(due_at=timezone.now() - timedelta(seconds=1))
+    run.tick()
+    m.refresh_from_db()
+    assert m.status == "cancelled" and "revoked" in m.status_reason
+    assert edition_receiver.posts == 1
