@@ -443,3 +443,60 @@ def test_a_hold_sends_nothing_and_a_revoked_session_ends_the_monitor(
     m.refresh_from_db()
     assert m.status == "cancelled" and "revoked" in m.status_reason
     assert edition_receiver.posts == 1
+
+
+class DroppingBox:
+    """An SMTP handler that takes the message and then cuts the connection
+    before its 250: the sender cannot tell whether it was accepted."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's name
+        self.messages.append(envelope.content)
+        server.transport.close()
+        return "250 OK"
+
+
+def test_email_fail_before_and_after_accepting(
+    session: Any, owner: Any, feed_server: FeedServer, mailbox: Any, settings: Any
+) -> None:
+    from aiosmtpd.controller import Controller
+
+    from tests.sessions_app.notify.conftest import free_port
+
+    m = make(session, feed_server, {"kind": "email", "to": ["reader@example.org"]})
+    real = settings.MAILERS
+    # Before accepting: nothing listens. The edition failed, its items wait for the next.
+    settings.MAILERS = {"default": {**real["default"], "OPTIONS": {**real["default"]["OPTIONS"], "port": free_port()}}}
+    feed_server.add(2)
+    e = period(m)
+    assert e.status == "failed" and "not sent" in e.reason
+    assert MonitorCandidate.objects.filter(monitor=m, status="pending").count() == 2
+    # After accepting: the message is in, the answer is lost. Unknown, and no idempotency key for SMTP:
+    # it is not re-sent; later periods are held until an operator decides.
+    dropping = DroppingBox()
+    port = free_port()
+    controller = Controller(dropping, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        settings.MAILERS = {"default": {**real["default"], "OPTIONS": {**real["default"]["OPTIONS"], "port": port}}}
+        e = period(m)
+        assert e.status == "unknown", e.reason
+        assert len(dropping.messages) == 1
+    finally:
+        controller.stop()
+    settings.MAILERS = real
+    feed_server.add(1)
+    settle(m)
+    held = period(m)
+    assert held.status == "held" and "1 item(s) stay pending" in held.reason
+    assert not mailbox.messages  # nothing sent while the unknown one waits
+    assert not DeliveryLedger.objects.filter(monitor=m).exists()
+    # The operator looked at the mailbox: it arrived. Its items are delivered; the next period sends the rest.
+    monitors.resolve_edition(m, e.id, "done", receipt="<terret-edition@example>", by="ops")
+    e.refresh_from_db()
+    assert e.status == "confirmed" and DeliveryLedger.objects.filter(monitor=m).count() == 2
+    nxt = period(m)
+    assert nxt.status == "confirmed" and len(nxt.items) == 1
+    assert len(mailbox.messages) == 1
