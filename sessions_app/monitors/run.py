@@ -154,7 +154,7 @@ def run(monitor_id: uuid.UUID, token: str, *, now: datetime) -> None:
     hold = held(m.session)
     # Under a hold (an operator's suspension, a budget) nothing is sent, not even a reconciling re-send;
     # collection goes on and the period's edition is held.
-    settled = settle(m, token) if hold is None else False
+    settled = settle(m, token, send=hold is None) and hold is None
     if m.due_at is not None and m.due_at <= now:
         blocked = hold or (
             None if settled else "an earlier edition's outcome is unknown: it is reconciled before any other send"
@@ -190,9 +190,10 @@ def held(session: Session) -> str | None:
     return None
 
 
-def settle(m: Monitor, token: str) -> bool:
+def settle(m: Monitor, token: str, *, send: bool = True) -> bool:
     """Settle open editions, oldest first; False while one stays unresolved
-    (nothing else may be sent then)."""
+    (nothing else may be sent then). Without `send` (a hold) an orphaned
+    `posting` edition still becomes `unknown`, but nothing goes out."""
     for e in Edition.objects.filter(monitor=m, status__in=OPEN).order_by("period"):
         if e.status == "posting":
             with transaction.atomic():
@@ -203,8 +204,8 @@ def settle(m: Monitor, token: str) -> bool:
                     updated_at=timezone.now(),
                 )
             e.refresh_from_db()
-        if e.status == "unknown" and not e.resendable:
-            return False  # an operator decides (resolve_edition)
+        if not send or (e.status == "unknown" and not e.resendable):
+            return False  # held, or an operator decides (resolve_edition)
         publish(e.id, token)
         e.refresh_from_db()
         if e.status in ("unknown", "posting"):

@@ -87,3 +87,48 @@ def test_kill_9_at_each_phase_loses_nothing_and_sends_nothing_twice(
     assert len(edition_receiver.accepted) == 2
     assert DeliveryLedger.objects.filter(monitor=m).count() == 7
     assert not Edition.objects.filter(monitor=m).exclude(status="confirmed").exists()
+
+
+def test_two_workers_many_periods_with_faults_each_item_once(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver, start_worker: Any
+) -> None:
+    """Two worker processes' clocks race for one monitor through twenty periods, the receiver
+    dropping connections and the feed answering 429s now and then: each item version reaches the
+    receiver once."""
+    import random
+
+    rnd = random.Random(7)
+    body = {
+        "schedule": {"every_seconds": 3600},
+        "sources": [{"kind": "feed", "url": feed_server.url}],
+        "destination": {"kind": "webhook", "url": edition_receiver.url},
+    }
+    m, _ = monitors.create(session.id, body, by="owner")
+    feed_server.page_size = 3
+    start_worker(name="a", **ENV)
+    start_worker(name="b", **ENV)
+    for n in range(1, 21):
+        feed_server.add(rnd.randint(0, 3))
+        feed_server.faults = [rnd.choice([None, None, "429"])]
+        edition_receiver.modes = [rnd.choice([None, None, None, "drop"])]
+        due(m)
+        wait_for(lambda n=n: Monitor.objects.get(id=m.id).periods >= n, label=f"period {n}")
+    feed_server.faults, edition_receiver.modes = [], []
+    due(m)
+    wait_for(
+        lambda: (
+            not Edition.objects.filter(monitor=m, status__in=("prepared", "posting", "unknown")).exists()
+            and Monitor.objects.get(id=m.id).periods >= 21
+        ),
+        label="everything settled",
+    )
+    due(m)  # one more period picks up what the last held edition kept pending
+    wait_for(lambda: Monitor.objects.get(id=m.id).periods >= 22, label="the last period")
+    wait_for(
+        lambda: not Edition.objects.filter(monitor=m, status__in=("prepared", "posting", "unknown")).exists(),
+        label="the last edition settled",
+    )
+    counted = Counter(edition_receiver.items())
+    assert set(counted.values()) == {1}, [k for k, v in counted.items() if v > 1]
+    assert set(counted) == feed_server.versions()
+    assert DeliveryLedger.objects.filter(monitor=m).count() == len(counted)
