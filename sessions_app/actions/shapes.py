@@ -110,8 +110,13 @@ class MonitorScheduleIn(In):
 
 
 class MonitorSourceIn(In):
-    kind: Literal["feed", "http_json"]
-    url: Annotated[str, Field(min_length=1, max_length=2000)]
+    kind: Literal["feed", "http_json", "mcp"]
+    url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    # mcp only: a server of the session's profile, its tool, the tool's arguments, the continuation's argument
+    server: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    tool: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    arguments: dict[str, Any] | None = None
+    cursor_arg: Annotated[str, Field(max_length=200)] | None = None
     partition: Annotated[str, Field(min_length=1, max_length=120)] | None = None
     name: Annotated[str, Field(min_length=1, max_length=300)] | None = None
     initial: Literal["all", "now"] | None = None

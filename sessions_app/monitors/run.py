@@ -59,6 +59,7 @@ from sessions_app.models import (
 )
 from sessions_app.monitors import destinations, sources
 from sessions_app.monitors.destinations import Confirmed, Failed, Publication
+from sessions_app.monitors.sources.mcp import SESSION_KEY
 from sessions_app.runtime import failpoints, limits
 from sessions_app.runtime.failures import is_database_outage
 from sessions_app.runtime.roles import resolve_spec
@@ -242,7 +243,9 @@ def scan_partition(m: Monitor, token: str, n: int, config: dict[str, Any]) -> So
             )
     revision = kind.revision(config)
     cp = MonitorCheckpoint.objects.filter(monitor=m, source=name, partition=partition, revision=revision).first()
-    result = kind.scan(config, cp.value if cp else None, initialized=cp is not None)
+    # The session, for a kind that reaches what the session's profile names (an MCP server); never stored.
+    scanning = {**config, SESSION_KEY: str(m.session_id)}
+    result = kind.scan(scanning, cp.value if cp else None, initialized=cp is not None)
     failpoints.pause("monitor_scan", FAILPOINT)  # pages read, nothing committed: a crash here loses nothing
     baseline = cp is None and config.get("initial") == "now"
     with transaction.atomic():

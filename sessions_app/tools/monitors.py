@@ -74,13 +74,13 @@ _CREATE = {
             "items": {
                 "type": "object",
                 "properties": {
-                    "kind": {"enum": ["feed", "http_json"]},
+                    "kind": {"enum": ["feed", "http_json", "mcp"]},
                     "url": {"type": "string"},
                     "partition": {"type": "string"},
                     "name": {"type": "string"},
                     "initial": {"enum": ["all", "now"]},
                 },
-                "required": ["kind", "url"],
+                "required": ["kind"],
             },
         },
         "destination": {

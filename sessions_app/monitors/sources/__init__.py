@@ -8,10 +8,11 @@ from __future__ import annotations
 from sessions_app.monitors.sources.base import COVERAGES, Item, Kind, Scan
 from sessions_app.monitors.sources.feed import Feed
 from sessions_app.monitors.sources.http_json import HttpJson
+from sessions_app.monitors.sources.mcp import Mcp
 
 __all__ = ["COVERAGES", "Item", "Kind", "Scan", "get", "names"]
 
-_kinds: dict[str, Kind] = {k.name: k for k in (Feed(), HttpJson())}
+_kinds: dict[str, Kind] = {k.name: k for k in (Feed(), HttpJson(), Mcp())}
 
 
 def get(name: str) -> Kind | None:

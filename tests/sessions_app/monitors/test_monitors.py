@@ -500,3 +500,37 @@ def test_email_fail_before_and_after_accepting(
     nxt = period(m)
     assert nxt.status == "confirmed" and len(nxt.items) == 1
     assert len(mailbox.messages) == 1
+
+
+def test_mcp_source_pages_by_continuation(
+    session: Any, profile: Any, feed_server: FeedServer, edition_receiver: EditionReceiver, tmp_path: Any
+) -> None:
+    from tests.fakes.items_mcp_server import items_server
+    from tests.helpers import edit_profile
+
+    items_file = tmp_path / "items.json"
+
+    def publish_items(n: int) -> list[dict[str, Any]]:
+        rows = [
+            {"id": f"i{k}", "title": f"Item {k}", "updated_at": f"2026-01-01T00:{k:02d}:00+00:00"}
+            for k in range(n, 0, -1)
+        ]
+        items_file.write_text(json.dumps(rows))
+        return rows
+
+    edit_profile(profile, mcp_servers=[items_server(items_file)])
+    source = {"kind": "mcp", "server": "items", "tool": "list_items", "cursor_arg": "cursor", "next_cursor": "next"}
+    body = {"schedule": {"every_seconds": 3600}, "sources": [source], "destination": webhook(edition_receiver)}
+    m, _ = monitors.create(session.id, body, by="owner")
+    publish_items(5)
+    e = period(m)
+    assert e.status == "confirmed" and len(e.items) == 5, (e.coverage, e.reason)
+    assert SourceScan.objects.get(id=e.scans[0]).pages == 3  # followed the continuation
+    publish_items(7)
+    (tmp_path / "items.json.fail").write_text("1")
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "failed" and "429" in e.coverage[0]["error"]
+    e = period(m)
+    assert e.coverage[0]["coverage"] == "complete" and {i["id"] for i in e.items} == {"i6", "i7"}
+    assert set(Counter(edition_receiver.items()).values()) == {1}
+    assert len(edition_receiver.items()) == 7
