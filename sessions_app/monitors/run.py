@@ -71,6 +71,7 @@ OPEN = ("prepared", "posting", "unknown")
 MAX_ITEMS = 500  # an edition's items; more wait, pending, for the next
 ROUND = 10  # monitors one tick runs at most
 FAILPOINT = "monitor"
+RETRY_SECONDS = 60  # a period that failed on an unexpected error is tried again after this
 
 
 def lease_seconds() -> float:
@@ -84,12 +85,14 @@ def resend_seconds() -> float:
 def tick(*, now: datetime | None = None) -> int:
     """Run what is due, a monitor at a time; how many were run."""
     handled = 0
+    seen: set[uuid.UUID] = set()  # once a tick each: a failing monitor cannot take a whole round
     for _ in range(ROUND):
         at = now or timezone.now()
-        claimed = _claim(at)
+        claimed = _claim(at, seen)
         if claimed is None:
             break
         monitor_id, token = claimed
+        seen.add(monitor_id)
         try:
             run(monitor_id, token, now=at)
         except LeaseLost:
@@ -98,16 +101,19 @@ def tick(*, now: datetime | None = None) -> int:
             if is_database_outage(exc):
                 raise
             logger.exception("monitor %s: the period failed", monitor_id)
+            # Tried again after a pause, not at every tick; collection resumes from the checkpoints.
+            retry = at + timedelta(seconds=RETRY_SECONDS)
             Monitor.objects.filter(id=monitor_id, lease_token=token).update(
                 status_reason=f"the last period failed: {type(exc).__name__}: {exc}"[:300]
             )
+            Monitor.objects.filter(id=monitor_id, lease_token=token, due_at__lt=retry).update(due_at=retry)
         finally:
             Monitor.objects.filter(id=monitor_id, lease_token=token).update(lease_token="", lease_until=None)
         handled += 1
     return handled
 
 
-def _claim(now: datetime) -> tuple[uuid.UUID, str] | None:
+def _claim(now: datetime, seen: set[uuid.UUID]) -> tuple[uuid.UUID, str] | None:
     """A monitor that is due or has an edition to settle, and no live lease:
     taken by a conditional UPDATE, so two workers never both take it."""
     settle = Edition.objects.filter(
@@ -117,6 +123,7 @@ def _claim(now: datetime) -> tuple[uuid.UUID, str] | None:
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     ids = list(
         Monitor.objects.filter(free, status="active")
+        .exclude(id__in=seen)
         .filter(Q(due_at__lte=now) | Q(id__in=settle))
         .order_by("due_at")
         .values_list("id", flat=True)[:ROUND]
@@ -245,7 +252,14 @@ def scan_partition(m: Monitor, token: str, n: int, config: dict[str, Any]) -> So
     cp = MonitorCheckpoint.objects.filter(monitor=m, source=name, partition=partition, revision=revision).first()
     # The session, for a kind that reaches what the session's profile names (an MCP server); never stored.
     scanning = {**config, SESSION_KEY: str(m.session_id)}
-    result = kind.scan(scanning, cp.value if cp else None, initialized=cp is not None)
+    try:
+        result = kind.scan(scanning, cp.value if cp else None, initialized=cp is not None)
+    except Exception as exc:
+        if is_database_outage(exc):
+            raise
+        # A source kind's own failure is this partition's failed scan; the others go on.
+        logger.exception("monitor %s: scanning %s failed", m.id, name)
+        result = sources.Scan(coverage="failed", error=f"the scan failed: {type(exc).__name__}: {exc}")
     failpoints.pause("monitor_scan", FAILPOINT)  # pages read, nothing committed: a crash here loses nothing
     baseline = cp is None and config.get("initial") == "now"
     with transaction.atomic():

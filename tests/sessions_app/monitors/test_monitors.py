@@ -534,3 +534,26 @@ def test_mcp_source_pages_by_continuation(
     assert e.coverage[0]["coverage"] == "complete" and {i["id"] for i in e.items} == {"i6", "i7"}
     assert set(Counter(edition_receiver.items()).values()) == {1}
     assert len(edition_receiver.items()) == 7
+
+
+def test_other_partitions_progress_when_one_fails(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver
+) -> None:
+    sources = [
+        {"kind": "feed", "url": feed_server.url, "partition": "a"},
+        {"kind": "feed", "url": feed_server.url + "?lang=b", "partition": "b"},
+    ]
+    body = {"schedule": {"every_seconds": 3600}, "sources": sources, "destination": webhook(edition_receiver)}
+    m, _ = monitors.create(session.id, body, by="owner")
+    feed_server.add(2)
+    period(m)
+    before = dict(MonitorCheckpoint.objects.filter(monitor=m).values_list("partition", "value"))
+    feed_server.add(1)
+    feed_server.faults = ["429"]  # the first partition's scan
+    e = period(m)
+    assert [(c["partition"], c["coverage"]) for c in e.coverage] == [("a", "failed"), ("b", "complete")]
+    after = dict(MonitorCheckpoint.objects.filter(monitor=m).values_list("partition", "value"))
+    assert after["a"] == before["a"] and after["b"] > before["b"]
+    assert e.status == "confirmed" and len(e.items) == 1  # what b found goes out now
+    coverage = {c["partition"]: c["coverage"] for c in monitors.as_json(m)["coverage"]}
+    assert coverage == {"a": "failed", "b": "complete"}
