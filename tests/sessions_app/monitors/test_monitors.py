@@ -557,3 +557,31 @@ def test_other_partitions_progress_when_one_fails(
     assert e.status == "confirmed" and len(e.items) == 1  # what b found goes out now
     coverage = {c["partition"]: c["coverage"] for c in monitors.as_json(m)["coverage"]}
     assert coverage == {"a": "failed", "b": "complete"}
+
+
+@pytest.mark.embedded
+@pytest.mark.django_db(transaction=True)
+def test_the_embedded_clock_runs_monitors_in_process(
+    session: Any, feed_server: FeedServer, edition_receiver: EditionReceiver, settings: Any
+) -> None:
+    """The in-process worker's own clock thread (runtime/schedules.py, the apps' clocks) runs the
+    monitor: no Celery, the embedded path."""
+    import time
+
+    from sessions_app.runtime.schedules import start_clock, stop_clock
+
+    settings.TERRET_WORKER = "inprocess"
+    settings.TERRET_SCHEDULE_POLL_SECONDS = 0.05
+    m = make(session, feed_server, webhook(edition_receiver))
+    feed_server.add(3)
+    stop_clock()  # one an earlier test may have left running on its own database
+    start_clock(lambda: settings.TERRET_WORKER == "inprocess")
+    try:
+        Monitor.objects.filter(id=m.id).update(due_at=timezone.now() - timedelta(seconds=1))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not Edition.objects.filter(monitor=m, status="confirmed").exists():
+            time.sleep(0.05)
+    finally:
+        stop_clock()
+    assert Edition.objects.filter(monitor=m, status="confirmed").count() == 1
+    assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
