@@ -13,8 +13,9 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
+        from sessions_app.monitors import run as monitor_run  # local, as the ones above: models load first
         from sessions_app.runtime import codever, documents, hooks, versions
-        from sessions_app.services import compaction, schedules
+        from sessions_app.services import compaction, monitors, schedules
         from sessions_app.services.post_turn import post_turn
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)
@@ -22,6 +23,8 @@ class SessionsAppConfig(AppConfig):
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
         documents.register_tools()  # workspace.* read and write the session's documents
+        monitors.register_agent_tools()
+        hooks.register_clock(monitor_run.tick)  # monitors' periods, on every worker's clock thread
         # Every save of a profile records a version if its definition changed.
         post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 

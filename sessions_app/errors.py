@@ -249,6 +249,11 @@ class UnknownSchedule(TerretError):
     status = 404
 
 
+class UnknownMonitor(TerretError):
+    code = "unknown_monitor"
+    status = 404
+
+
 class TimeOutOfRange(InvalidInput):
     """A schedule's time lies outside the range a schedule may name: more than
     TERRET_SCHEDULE_HORIZON_DAYS from now either way, or one no datetime can

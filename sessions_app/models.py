@@ -898,3 +898,181 @@ class DocumentVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id} v{self.version}"
+# -- monitors: recurring collection with coverage and a delivery ledger (seed 003) --------
+
+MONITOR_STATUSES = ("active", "cancelled")
+SCAN_COVERAGE = ("complete", "partial", "failed")
+EDITION_STATUSES = ("prepared", "posting", "confirmed", "suppressed", "held", "unknown", "failed")
+CANDIDATE_STATUSES = ("pending", "assigned", "delivered", "baseline")
+
+
+class Monitor(models.Model):
+    """A session's recurring collection job (sessions_app/monitors/). The host
+    owns its schedule, its scans, its editions and their delivery; the row
+    holds the next due time and the lease of the worker running a period."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="monitors")
+    sources = models.JSONField()  # [{"kind", "url", "partition", "name", "initial", "overlap_seconds"}]
+    destination = models.JSONField()  # {"kind": "webhook", "url"} | {"kind": "email", "to"} | {"kind": "session"}
+    quiet = models.CharField(max_length=16, default="suppress")
+    # Who writes an edition's digest: "model" (the session's main model, from the candidates the host
+    # hands it; the host's own list if the model fails) or "host".
+    digest_by = models.CharField(max_length=8, default="host")
+    every_seconds = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=120, blank=True)
+    misfire = models.CharField(max_length=16, default="run_once")
+    due_at = ClampedDateTimeField(null=True, blank=True)
+    periods = models.PositiveIntegerField(default=0)  # the last period whose edition was decided
+    # The webhook signature's secret (write-once, never shown after creation).
+    secret = models.CharField(max_length=80, blank=True)
+    status = models.CharField(max_length=16, choices=[(s, s) for s in MONITOR_STATUSES], default="active")
+    status_reason = models.CharField(max_length=300, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # The worker running a period holds it until lease_until; an expired lease is anyone's.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    lease_token = models.CharField(max_length=32, blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="monitor_session_key_uniq",
+            )
+        ]
+        indexes = [models.Index(fields=["due_at"], condition=models.Q(status="active"), name="monitor_due")]
+
+    def __str__(self) -> str:
+        return f"monitor {self.id} of {self.session_id} ({self.status})"
+
+
+class MonitorCheckpoint(models.Model):
+    """A source partition's last committed collection checkpoint, per query
+    revision: a changed query or a new partition starts its own."""
+
+    monitor = models.ForeignKey(Monitor, on_delete=models.CASCADE, related_name="checkpoints")
+    source = models.CharField(max_length=300)
+    partition = models.CharField(max_length=120)
+    revision = models.CharField(max_length=64)
+    value = models.DateTimeField(null=True, blank=True)  # the newest item time a complete scan proved
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["monitor", "source", "partition", "revision"], name="monitor_checkpoint_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} [{self.partition}] at {self.value}"
+
+
+class SourceScan(models.Model):
+    """One scan of one source partition, with its coverage and the evidence."""
+
+    monitor = models.ForeignKey(Monitor, on_delete=models.CASCADE, related_name="scans")
+    period = models.PositiveIntegerField()
+    source = models.CharField(max_length=300)
+    partition = models.CharField(max_length=120)
+    revision = models.CharField(max_length=64)
+    prior_checkpoint = models.DateTimeField(null=True, blank=True)
+    cutoff = models.DateTimeField()  # when the scan started: what it can speak for
+    boundary = models.DateTimeField(null=True, blank=True)  # the checkpoint it proved reached (complete only)
+    coverage = models.CharField(max_length=16, choices=[(c, c) for c in SCAN_COVERAGE])
+    pages = models.PositiveIntegerField(default=0)
+    items = models.PositiveIntegerField(default=0)  # new candidates it added
+    evidence = models.JSONField(default=dict)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["monitor", "source", "partition", "-id"], name="scan_monitor_partition")]
+
+    def __str__(self) -> str:
+        return f"scan {self.source} [{self.partition}] period {self.period}: {self.coverage}"
+
+
+class Edition(models.Model):
+    """One period's publication to one destination: its identity is bound to
+    the monitor, the period and the destination."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    monitor = models.ForeignKey(Monitor, on_delete=models.CASCADE, related_name="editions")
+    period = models.PositiveIntegerField()
+    destination = models.CharField(max_length=300)
+    status = models.CharField(max_length=16, choices=[(s, s) for s in EDITION_STATUSES], default="prepared")
+    items = models.JSONField(default=list)  # [{"source", "id", "version", "title", "url"}]
+    scans = models.JSONField(default=list)  # SourceScan ids
+    coverage = models.JSONField(default=list)  # [{"source", "partition", "coverage", "error"}]
+    digest = models.TextField(blank=True)
+    digest_by = models.CharField(max_length=120, blank=True)  # "" until written: "model", or "host" (and why)
+    receipt = models.CharField(max_length=300, blank=True)
+    reason = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # An unknown edition is re-sent under the same Idempotency-Key only when
+    # its destination honours one; otherwise it waits for an operator.
+    resendable = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["monitor", "period", "destination"], name="edition_identity_uniq")
+        ]
+        indexes = [models.Index(fields=["monitor", "-period"], name="edition_monitor_period")]
+
+    def __str__(self) -> str:
+        return f"edition {self.id} period {self.period}: {self.status}"
+
+
+class MonitorCandidate(models.Model):
+    """An item version a scan found: pending, assigned to an edition being
+    published, delivered (the ledger has it), or baseline (seen by a first
+    run with `initial: now`: never to be sent)."""
+
+    monitor = models.ForeignKey(Monitor, on_delete=models.CASCADE, related_name="candidates")
+    source = models.CharField(max_length=300)
+    item_id = models.CharField(max_length=500)
+    version = models.CharField(max_length=100)
+    title = models.TextField(blank=True)
+    url = models.TextField(blank=True)
+    item_time = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=[(s, s) for s in CANDIDATE_STATUSES], default="pending")
+    edition = models.ForeignKey(Edition, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    scan = models.ForeignKey(SourceScan, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["monitor", "source", "item_id", "version"], name="candidate_item_uniq")
+        ]
+        indexes = [models.Index(fields=["monitor", "status"], name="candidate_monitor_status")]
+
+    def __str__(self) -> str:
+        return f"{self.item_id}@{self.version} ({self.status})"
+
+
+class DeliveryLedger(models.Model):
+    """An item version delivered by a confirmed edition, with its receipt:
+    written only on a confirmed receipt, never twice for one version."""
+
+    monitor = models.ForeignKey(Monitor, on_delete=models.CASCADE, related_name="deliveries")
+    source = models.CharField(max_length=300)
+    item_id = models.CharField(max_length=500)
+    version = models.CharField(max_length=100)
+    edition = models.ForeignKey(Edition, on_delete=models.CASCADE, related_name="deliveries")
+    receipt = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["monitor", "source", "item_id", "version"], name="delivery_item_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.item_id}@{self.version} by {self.edition_id}"

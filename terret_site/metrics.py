@@ -48,14 +48,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sessions_app.models import (
+    EDITION_STATUSES,
     NOTIFY_STATUSES,
     ColdSegment,
+    SCAN_COVERAGE,
+    DeliveryLedger,
+    Edition,
     EffectAudit,
     Event,
     ModelTally,
     Notification,
     RuntimeCounter,
     Session,
+    SourceScan,
     TurnTally,
     UsageDay,
     WorkerProcess,
@@ -119,6 +124,7 @@ class DatabaseCollector(Collector):
         yield from self._runtime()
         yield from self._effects_audit()
         yield self._notifications()
+        yield from self._monitors()
 
     def _effects_audit(self) -> Iterable[Metric]:
         audit = EffectAudit.objects.filter(found__gt=0).aggregate(
@@ -396,6 +402,29 @@ class DatabaseCollector(Collector):
         for status in NOTIFY_STATUSES:
             by_status.add_metric([status], _int(rows.get(status)))
         return by_status
+
+    def _monitors(self) -> Iterable[Metric]:
+        editions = dict(Edition.objects.values_list("status").annotate(n=Count("pk")).order_by("status"))
+        by_status = GaugeMetricFamily(
+            "terret_monitor_editions",
+            "Monitors' editions by status (docs/protocol.md, Monitors): unknown and held ones need attention.",
+            labels=["status"],
+        )
+        for status in EDITION_STATUSES:
+            by_status.add_metric([status], _int(editions.get(status)))
+        yield by_status
+        yield CounterMetricFamily(
+            "terret_monitor_items_delivered",
+            "Item versions delivered by confirmed editions (the delivery ledger's entries).",
+            DeliveryLedger.objects.count(),
+        )
+        scans = dict(SourceScan.objects.values_list("coverage").annotate(n=Count("pk")).order_by("coverage"))
+        by_coverage = CounterMetricFamily(
+            "terret_monitor_scans", "Monitors' source scans by coverage.", labels=["coverage"]
+        )
+        for coverage in SCAN_COVERAGE:
+            by_coverage.add_metric([coverage], _int(scans.get(coverage)))
+        yield by_coverage
 
 
 REGISTRY = CollectorRegistry()

@@ -227,6 +227,11 @@ TERRET_STALL_SECONDS = env_float("TERRET_STALL_SECONDS", 300.0, minimum=0.5)
 # schedule's misfire policy applies (the workers were down).
 TERRET_SCHEDULE_POLL_SECONDS = env_float("TERRET_SCHEDULE_POLL_SECONDS", 0.5, minimum=0.05)
 TERRET_SCHEDULE_GRACE_SECONDS = env_float("TERRET_SCHEDULE_GRACE_SECONDS", 60.0, minimum=0.0)
+# Monitors (sessions_app/monitors/): how long a worker holds a monitor for one period (renewed at each
+# commit; a dead worker's monitor is anyone's after it), and how long an edition of unknown outcome
+# waits before it is re-sent under the same Idempotency-Key.
+TERRET_MONITOR_LEASE_SECONDS = env_float("TERRET_MONITOR_LEASE_SECONDS", 120.0, minimum=1.0)
+TERRET_MONITOR_RESEND_SECONDS = env_float("TERRET_MONITOR_RESEND_SECONDS", 30.0, minimum=0.0)
 # How far from now a schedule's time may lie, either way (10 years): further
 # is refused with 400 time_out_of_range (services/schedules.check_time).
 TERRET_SCHEDULE_HORIZON_DAYS = env_int("TERRET_SCHEDULE_HORIZON_DAYS", 3653, minimum=1)
@@ -297,7 +302,18 @@ TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
 # The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py).
 TERRET_FAILPOINTS = env_pauses(
-    "TERRET_FAILPOINTS", frozenset({"after_intent", "after_effect", "notify_claimed", "notify_sent"})
+    "TERRET_FAILPOINTS",
+    frozenset(
+        {
+            "after_intent",
+            "after_effect",
+            "notify_claimed",
+            "notify_sent",
+            "monitor_scan",
+            "monitor_intent",
+            "monitor_sent",
+        }
+    ),
 )
 # Whether a session's owner may resolve its effects of unknown outcome (re-run a tool
 # call, or record it done or failed); staff always may (docs/protocol.md).

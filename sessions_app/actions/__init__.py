@@ -30,6 +30,8 @@ Verbs, by noun (`verb(user, session_id, ...)`):
   already)
 - inputs.py: inject, input_receipt, withdraw
 - schedules.py: list_schedules, create_schedule, cancel_schedule
+- monitors.py: list_monitors, create_monitor, monitor, monitor_editions,
+  cancel_monitor, resolve_edition
 - approvals.py: decide
 - policies.py: set_policy, ask_again
 - effects.py: effects, resolve
@@ -70,6 +72,14 @@ from sessions_app.actions.documents import document, documents, write_document
 from sessions_app.actions.effects import Resolved, effects, resolve
 from sessions_app.actions.forks import edit_and_resend, fork, regenerate
 from sessions_app.actions.inputs import inject, input_receipt, withdraw
+from sessions_app.actions.monitors import (
+    cancel_monitor,
+    create_monitor,
+    list_monitors,
+    monitor,
+    monitor_editions,
+    resolve_edition,
+)
 from sessions_app.actions.notifications import notification_settings, set_notification_settings
 from sessions_app.actions.operators import (
     SESSION_ACTIONS,
@@ -125,9 +135,11 @@ __all__ = [
     "budget_state",
     "by",
     "cancel",
+    "cancel_monitor",
     "cancel_schedule",
     "chat_rows",
     "compact",
+    "create_monitor",
     "create_schedule",
     "create_session",
     "decide",
@@ -144,9 +156,12 @@ __all__ = [
     "health",
     "inject",
     "input_receipt",
+    "list_monitors",
     "list_profiles",
     "list_schedules",
     "live_state",
+    "monitor",
+    "monitor_editions",
     "newest_version",
     "notification_settings",
     "operator",
@@ -155,6 +170,7 @@ __all__ = [
     "regenerate",
     "rename",
     "resolve",
+    "resolve_edition",
     "resume",
     "retry",
     "reviewer",

@@ -103,6 +103,58 @@ class ScheduleIn(In):
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class MonitorScheduleIn(In):
+    every_seconds: Annotated[int, Field(ge=1)] | None = None
+    cron: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    misfire: Literal["skip", "run_once", "reschedule"] = "run_once"
+
+
+class MonitorSourceIn(In):
+    kind: Literal["feed", "http_json", "mcp"]
+    url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    # mcp only: a server of the session's profile, its tool, the tool's arguments, the continuation's argument
+    server: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    tool: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    arguments: dict[str, Any] | None = None
+    cursor_arg: Annotated[str, Field(max_length=200)] | None = None
+    partition: Annotated[str, Field(min_length=1, max_length=120)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=300)] | None = None
+    initial: Literal["all", "now"] | None = None
+    overlap_seconds: Annotated[int, Field(ge=0, le=2592000)] | None = None
+    # http_json only: dotted paths into the answer and its items, and the paging parameters
+    items: Annotated[str, Field(max_length=200)] | None = None
+    id: Annotated[str, Field(max_length=200)] | None = None
+    version: Annotated[str, Field(max_length=200)] | None = None
+    title: Annotated[str, Field(max_length=200)] | None = None
+    link: Annotated[str, Field(max_length=200)] | None = None
+    time: Annotated[str, Field(max_length=200)] | None = None
+    cursor_param: Annotated[str, Field(max_length=200)] | None = None
+    next_cursor: Annotated[str, Field(max_length=200)] | None = None
+    since_param: Annotated[str, Field(max_length=200)] | None = None
+
+
+class MonitorDestinationIn(In):
+    kind: Literal["webhook", "email", "session"]
+    url: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
+    to: (
+        Annotated[list[Annotated[str, Field(min_length=3, max_length=254)]], Field(min_length=1, max_length=20)] | None
+    ) = None
+
+
+class MonitorIn(In):
+    schedule: MonitorScheduleIn
+    sources: Annotated[list[MonitorSourceIn], Field(min_length=1, max_length=20)]
+    destination: MonitorDestinationIn
+    quiet: Literal["suppress", "send"] = "suppress"
+    digest: Literal["host", "model"] = "host"
+    idempotency_key: Key | None = None
+
+
+class EditionResolveIn(In):
+    action: Literal["done", "failed"]
+    receipt: Annotated[str, Field(max_length=300)] | None = None
+
+
 class DecisionIn(In):
     verdict: Literal["approve", "deny"]
     reason: Reason | None = None

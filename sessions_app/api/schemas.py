@@ -20,11 +20,13 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     CreateSessionIn,
     DecisionIn,
     DocumentIn,
+    EditionResolveIn,
     EffectState,
     ForkIn,
     ForkPolicy,
     InputIn,
     LaneName,
+    MonitorIn,
     NotificationsIn,
     PolicyIn,
     ReasonIn,
@@ -36,9 +38,11 @@ from sessions_app.actions.shapes import (  # noqa: F401 - the request shapes, re
     UpgradeIn,
 )
 from sessions_app.models import AgentProfile as ProfileRow
+from sessions_app.models import Edition as EditionRow
+from sessions_app.models import Monitor as MonitorRow
 from sessions_app.models import Schedule as ScheduleRow
 from sessions_app.models import Session as SessionRow
-from sessions_app.services import forks, schedules
+from sessions_app.services import forks, monitors, schedules
 from sessions_app.services.effects import Effect
 
 # ---------------------------------------------------------------- outputs
@@ -368,6 +372,76 @@ class SchedulesOut(Schema):
     schedules: list[ScheduleOut]
 
 
+class CoverageOut(Schema):
+    source: str
+    partition: str
+    coverage: Literal["complete", "partial", "failed"] | None
+    period: int | None
+    pages: int
+    items: int
+    error: str
+    at: str | None
+    evidence: dict[str, Any]
+
+
+class MonitorOut(Schema):
+    id: str
+    session_id: str
+    status: Literal["active", "cancelled"]
+    status_reason: str
+    schedule: dict[str, Any]
+    sources: list[dict[str, Any]]
+    destination: dict[str, Any]
+    quiet: Literal["suppress", "send"]
+    digest: Literal["host", "model"]
+    periods: int
+    next_due_at: str | None
+    idempotency_key: str | None
+    created_by: str
+    created_at: str
+    coverage: list[CoverageOut] | None = None
+    pending_items: int | None = None
+    delivered_items: int | None = None
+    secret: str | None = Field(None, description="the webhook signature's secret, in the creating answer only")
+
+
+class MonitorsOut(Schema):
+    monitors: list[MonitorOut]
+
+
+class EditionOut(Schema):
+    id: str
+    monitor_id: str
+    period: int
+    destination: str
+    status: Literal["prepared", "posting", "confirmed", "suppressed", "held", "unknown", "failed"]
+    items: list[dict[str, Any]]
+    scans: list[int]
+    coverage: list[dict[str, Any]]
+    digest: str
+    digest_by: str = Field(description='"model", or "host" (and why, when the model was asked and failed)')
+    receipt: str | None
+    reason: str
+    attempts: int
+    created_at: str
+    updated_at: str
+
+
+class EditionsOut(Schema):
+    editions: list[EditionOut]
+
+
+def monitor_out(m: MonitorRow, *, secret: bool = False) -> dict[str, Any]:
+    out = monitors.as_json(m)
+    if secret:
+        out["secret"] = m.secret
+    return out
+
+
+def edition_out(e: EditionRow) -> dict[str, Any]:
+    return monitors.edition_json(e)
+
+
 class EventOut(Schema):
     seq: int
     kind: str
@@ -473,7 +547,7 @@ class ResolveOut(Schema):
 class AttentionItemOut(Schema):
     kind: str = Field(
         description="blocked, suspended, revoked, held_input, approval, expired_lease, unknown_effects, "
-        "effects_audit, stalled, notification, stranded"
+        "effects_audit, stalled, notification, stranded, monitor_coverage, monitor_unknown, monitor_held"
     )
     session_id: str | None = Field(description="null for a profile's or the global suspension")
     title: str
@@ -490,6 +564,7 @@ class AttentionOut(Schema):
         "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress, "
         "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
         'pinned_version, what, reason; waiting: "input" for idle input no live worker can read}), '
+        "monitors: failed or partial coverage, unknown and held editions, detail {monitor_id, edition_id, reason}; "
         "each at most 200"
     )
     counts: dict[str, int]

@@ -33,6 +33,9 @@ from sessions_app.api.schemas import (
     DocumentIn,
     DocumentOut,
     DocumentsOut,
+    EditionOut,
+    EditionResolveIn,
+    EditionsOut,
     EffectsOut,
     ErrorOut,
     EventsOut,
@@ -40,6 +43,9 @@ from sessions_app.api.schemas import (
     ForkIn,
     ForkOut,
     InputIn,
+    MonitorIn,
+    MonitorOut,
+    MonitorsOut,
     NotificationsIn,
     NotificationsOut,
     OpsOut,
@@ -65,8 +71,10 @@ from sessions_app.api.schemas import (
     UpgradeRefusedOut,
     VersionOut,
     created_out,
+    edition_out,
     effects_out,
     fork_out,
+    monitor_out,
     profiles_out,
     resolved_out,
     schedule_out,
@@ -305,6 +313,57 @@ def create_schedule(request: HttpRequest, session_id: str, payload: ScheduleIn) 
 def cancel_schedule(request: HttpRequest, session_id: str, schedule_id: str) -> Any:
     """Cancel a pending or paused schedule (a schedule/cancelled event)."""
     return schedule_out(actions.cancel_schedule(_user(request), session_id, schedule_id))
+
+
+@api.get("/sessions/{session_id}/monitors", response={200: MonitorsOut, **_READ_ERRORS}, tags=["monitors"])
+def list_monitors(request: HttpRequest, session_id: str) -> Any:
+    """The session's monitors, newest first, each with its coverage per source partition."""
+    return {"monitors": [monitor_out(m) for m in actions.list_monitors(_user(request), session_id)]}
+
+
+@api.post(
+    "/sessions/{session_id}/monitors",
+    response={200: MonitorOut, 201: MonitorOut, 422: ErrorOut, **_WRITE_ERRORS},
+    tags=["monitors"],
+)
+def create_monitor(request: HttpRequest, session_id: str, payload: MonitorIn) -> Any:
+    """A monitor: on its schedule the host scans the sources (coverage per
+    partition, from each one's checkpoint) and publishes an edition to the
+    destination, each item version delivered once (docs/protocol.md,
+    Monitors). 201 with the webhook's signing secret, shown this once; the
+    same idempotency_key and request answers the monitor made before (200)."""
+    made, new = actions.create_monitor(_user(request), session_id, payload.model_dump(exclude_none=True))
+    return Status(201 if new else 200, monitor_out(made, secret=new))
+
+
+@api.get("/monitors/{monitor_id}", response={200: MonitorOut, **_READ_ERRORS}, tags=["monitors"])
+def get_monitor(request: HttpRequest, monitor_id: str) -> Any:
+    """The monitor, `coverage` per source and partition (the last scan), and `next_due_at`."""
+    return monitor_out(actions.monitor(_user(request), monitor_id))
+
+
+@api.get("/monitors/{monitor_id}/editions", response={200: EditionsOut, **_READ_ERRORS}, tags=["monitors"])
+def list_editions(request: HttpRequest, monitor_id: str, limit: int = Query(50, ge=1, le=200)) -> Any:
+    """The monitor's editions, newest period first: status, items, scans, receipt and reason."""
+    return {"editions": [edition_out(e) for e in actions.monitor_editions(_user(request), monitor_id, limit=limit)]}
+
+
+@api.delete("/monitors/{monitor_id}", response={200: MonitorOut, **_WRITE_ERRORS}, tags=["monitors"])
+def cancel_monitor(request: HttpRequest, monitor_id: str) -> Any:
+    """Cancel the monitor: no more periods. Its editions and ledger stay."""
+    return monitor_out(actions.cancel_monitor(_user(request), monitor_id))
+
+
+@api.post(
+    "/monitors/{monitor_id}/editions/{edition_id}/resolve",
+    response={200: EditionOut, **_WRITE_ERRORS},
+    tags=["monitors"],
+)
+def resolve_edition(request: HttpRequest, monitor_id: str, edition_id: str, payload: EditionResolveIn) -> Any:
+    """An operator's answer to an edition of unknown outcome (an email, which has no idempotency key):
+    `done` with the receipt the destination shows, or `failed` (its items go back to pending)."""
+    e = actions.resolve_edition(_user(request), monitor_id, edition_id, payload.action, payload.receipt or "")
+    return edition_out(e)
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])

@@ -485,7 +485,7 @@ CATALOGUE: dict[str, Kind] = {
             "usage/recorded",
             _obj(
                 {
-                    "purpose": {"enum": ["title", "compaction", "step"]},
+                    "purpose": {"enum": ["title", "compaction", "step", "digest"]},
                     "model": _STR,
                     "usage": {"anyOf": [_USAGE, {"type": "null"}]},
                     "step": {"type": "integer", "minimum": 1},
@@ -494,7 +494,8 @@ CATALOGUE: dict[str, Kind] = {
                 ["purpose", "usage"],
             ),
             False,
-            "Usage of a request whose figure no step/end carries: a utility request (titler, summarizer), or a "
+            "Usage of a request whose figure no step/end carries: a utility request (titler, summarizer, a "
+            "monitor's digest), or a "
             "step's model request whose reply never committed (a lost lease, a torn stream, a crash: `usage` "
             "null means unknown, counted as unpriced). Appended without a fence: spend is recorded whoever "
             "holds the session now.",
@@ -606,6 +607,24 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "A schedule paused itself: its last runs made no progress (turns that ended empty, failed or rejected).",
+        ),
+        Kind(
+            "monitor/edition",
+            _obj(
+                {
+                    "monitor_id": _NONEMPTY,
+                    "edition_id": _NONEMPTY,
+                    "period": {"type": "integer", "minimum": 1},
+                    "digest": _STR,
+                    "items": {"type": "array", "maxItems": 500, "items": {"type": "object"}},
+                },
+                ["monitor_id", "edition_id", "period", "digest", "items"],
+            ),
+            False,
+            "A monitor's edition delivered to the session itself (destination `session`): the digest and the "
+            "item versions it selected. Its seq is the edition's receipt, written in the same transaction as "
+            "the edition's confirmation, so it is there exactly once. Not model-visible: it can land while a "
+            "turn is open, between a step's tool calls and their results.",
         ),
         Kind(
             "session/upgraded",

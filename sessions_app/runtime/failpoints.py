@@ -5,7 +5,10 @@ Points: `after_intent` (the tool/attempt is committed, the tool has not run)
 and `after_effect` (the tool ran, its tool/result is not committed); for
 the notification sender (sessions_app/notify/delivery.py), `notify_claimed` (a row
 claimed, nothing sent) and `notify_sent` (sent, not marked), keyed by the
-channel (email, webhook) where a tool's name goes. They are set per tool
+channel (email, webhook) where a tool's name goes; for a monitor's period
+(sessions_app/monitors/run.py), `monitor_scan` (pages read, nothing
+committed), `monitor_intent` (the edition posting, nothing sent) and
+`monitor_sent` (sent, the receipt not committed), keyed `monitor`. They are set per tool
 with TERRET_FAILPOINTS=`<point>:<tool>=<seconds>,...`, read once at start;
 unset (always, outside tests) a point costs one dict lookup.
 """

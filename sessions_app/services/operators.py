@@ -43,7 +43,7 @@ from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.failures import UNSUPPORTED_VERSION
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
-from sessions_app.services import budgets, inputs, schedules
+from sessions_app.services import budgets, inputs, monitors, schedules
 from sessions_app.tools.builtins import BUILTINS
 
 SCOPES = ("global", "profile", "session")
@@ -361,6 +361,7 @@ def attention() -> dict[str, list[Item]]:
     ]
     out["notifications"] = _notifications()
     out["stranded"] = _stranded()
+    out["monitors"] = _monitor_items()
     return out
 
 
@@ -519,3 +520,31 @@ def _notifications() -> list[Item]:
         )
         for n in rows
     ]
+
+
+def _monitor_items() -> list[Item]:
+    """Monitors that need a human: a source partition whose last scan was
+    failed or partial, an edition of unknown outcome, a held edition."""
+    found = monitors.attention()
+    items = [
+        Item(
+            "monitor_coverage",
+            c["session_id"],
+            f"monitor {c['monitor_id'][:8]}: {c['source']} [{c['partition']}] {c['coverage']}",
+            None,
+            {"reason": c["error"], "monitor_id": c["monitor_id"]},
+        )
+        for c in found["coverage"]
+    ]
+    for kind in ("unknown", "held"):
+        for e in found[kind]:
+            items.append(
+                Item(
+                    f"monitor_{kind}",
+                    e["session_id"],
+                    f"monitor {e['monitor_id'][:8]}: edition of period {e['period']} {kind}",
+                    None,
+                    {"reason": e["reason"], "monitor_id": e["monitor_id"], "edition_id": e["id"]},
+                )
+            )
+    return items[:ATTENTION_LIMIT]

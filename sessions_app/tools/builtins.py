@@ -33,6 +33,7 @@ from sessions_app.errors import TerretError
 
 from . import documents
 from .base import Definition, Reconciliation, ToolContext, ToolError
+from .monitors import DEFINITIONS as MONITOR_TOOLS
 from .schedules import DEFINITIONS as SCHEDULE_TOOLS
 
 MAX_READ_BYTES = 256 * 1024
@@ -241,5 +242,6 @@ BUILTINS: dict[str, Definition] = {
             replay="never",
         ),
         *SCHEDULE_TOOLS,
+        *MONITOR_TOOLS,
     )
 }

@@ -58,6 +58,12 @@ SECTIONS = [
     ("stalled", "Stalled", "Running turns with no progress (no event, no streamed text) for a while."),
     ("notifications", "Notifications not sent", "Attempts ran out, or a send of unknown outcome."),
     (
+        "monitors",
+        "Monitors",
+        "A source partition whose last scan was failed or partial, an edition of unknown outcome (an email "
+        "waits for an operator: POST /api/monitors/{id}/editions/{edition}/resolve), a held edition.",
+    ),
+    (
         "stranded",
         "Stranded by a deploy",
         "Blocked on a missing definition or an event version no live worker reads, or pinned to a version "

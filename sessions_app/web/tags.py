@@ -1,8 +1,9 @@
-"""{% load schedules %}{% schedules_panel %}: the session page's schedules
-panel, rendered from its own read (the chat view need not know about
-schedules). A template library of the pages' own, registered by dotted path
-in settings (TEMPLATES' "libraries"), so it lives in web/ beside its views
-instead of in an app's templatetags package beneath every door."""
+"""{% load schedules %}{% schedules_panel %} and {% monitors_panel %}: the
+session page's schedules and monitors panels, each rendered from its own
+read (the chat view need not know about schedules or monitors). A
+template library of the pages' own, registered by dotted path in settings
+(TEMPLATES' "libraries"), so it lives in web/ beside its views instead of
+in an app's templatetags package beneath every door."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from django import template
 
+from sessions_app.web.monitors import MONITORS_PANEL, monitors_context
 from sessions_app.web.schedules import PANEL, panel_context
 
 register = template.Library()
@@ -19,3 +21,9 @@ register = template.Library()
 def schedules_panel(context: Any) -> dict[str, Any]:
     request = context["request"]
     return {**panel_context(context["session"], request.user), "csrf_token": context.get("csrf_token")}
+
+
+@register.inclusion_tag(MONITORS_PANEL, takes_context=True)
+def monitors_panel(context: Any) -> dict[str, Any]:
+    """The session's monitors: last editions, coverage per source and partition, next run."""
+    return monitors_context(context["session"], context["request"].user)

@@ -26,7 +26,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from sessions_app.models import ApiToken, Event, Schedule, Session
+from sessions_app.models import ApiToken, Event, Monitor, Schedule, Session
 from sessions_app.services import tokens
 from tests.sessions_app.apiutil import bearer, call, make_reviewer, new_session, park_calls, token_for
 from tests.sessions_app.sockutil import closed_with, db, fresh_channel_layer, open_socket, recv
@@ -50,6 +50,8 @@ ACTIONS: dict[str, str] = {
     "policy": "drive",
     "budget": "drive",
     "schedule": "drive",
+    "monitors": "view",
+    "monitor": "drive",
     "decide": "approve",
     "resolve": "resolve",
     "abandon": "operate",
@@ -98,8 +100,8 @@ def session_head(sid: Any) -> int:
     return int(Session.objects.get(id=sid).last_seq)
 
 
-def footprint() -> tuple[int, int, int]:
-    return Event.objects.count(), Session.objects.count(), Schedule.objects.count()
+def footprint() -> tuple[int, int, int, int]:
+    return Event.objects.count(), Session.objects.count(), Schedule.objects.count(), Monitor.objects.count()
 
 
 def code_of_json(response: Any) -> str:
@@ -135,6 +137,17 @@ API = {
     "policy": api("PUT", "/policy", {"patterns": ["clock.*"]}),
     "budget": api("PUT", "/budget", {"cost_usd": None, "tokens": 1000, "steps": None, "turns": None}),
     "schedule": api("POST", "/schedules", {"text": "wake", "due_at": LATER}),
+    "monitors": api("GET", "/monitors"),
+    # Allowed, it is refused on its own terms (a private feed URL): nothing is made either way.
+    "monitor": api(
+        "POST",
+        "/monitors",
+        {
+            "schedule": {"every_seconds": 3600},
+            "sources": [{"kind": "feed", "url": "http://10.0.0.1/feed"}],
+            "destination": {"kind": "session"},
+        },
+    ),
     "decide": api("POST", "/approvals/c1", {"verdict": "approve"}),
     "resolve": api("POST", "/effects/c1/resolve", {"action": "failed", "result": "no"}),
     "abandon": api("POST", "/abandon", {"reason": "test"}),

@@ -37,6 +37,10 @@ def test_openapi_document_is_served_without_auth_and_lists_every_path(client):
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {
         "/api/profiles",
+        "/api/sessions/{session_id}/monitors",
+        "/api/monitors/{monitor_id}",
+        "/api/monitors/{monitor_id}/editions",
+        "/api/monitors/{monitor_id}/editions/{edition_id}/resolve",
         "/api/profiles/{name}/versions",
         "/api/sessions",
         "/api/sessions/{session_id}",

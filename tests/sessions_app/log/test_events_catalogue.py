@@ -70,6 +70,10 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ],
     "schedule/cancelled": [{"schedule_id": "s"}, {"schedule_id": "s", "by": "terret", "reason": "revoked"}],
     "schedule/paused": [{"schedule_id": "s", "reason": "no progress", "runs": 3}],
+    "monitor/edition": [
+        {"monitor_id": "m", "edition_id": "e", "period": 1, "digest": "", "items": []},
+        {"monitor_id": "m", "edition_id": "e", "period": 2, "digest": "d", "items": [{"id": "i", "version": "v"}]},
+    ],
     "assistant/message": [
         {"content": "hello"},
         {"content": None, "tool_calls": [CALL]},
@@ -164,6 +168,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"purpose": "compaction", "model": "x/y", "usage": {**USAGE, "cost": None}},
         {"purpose": "step", "model": "x/y", "usage": None, "step": 2, "reason": "the worker stopped"},
         {"purpose": "step", "usage": USAGE, "step": 1},
+        {"purpose": "digest", "model": "x/y", "usage": USAGE},
     ],
     "input/queued": [
         {"text": "later", "wake": False},
@@ -325,6 +330,11 @@ INVALID: dict[str, list[Any]] = {
     "schedule/fired": [{"schedule_id": "s", "due_at": "x", "late_ms": -1, "run": 1, "input_seq": 1}],
     "schedule/cancelled": [{}, {"schedule_id": ""}],
     "schedule/paused": [{"schedule_id": "s"}],
+    "monitor/edition": [
+        {"monitor_id": "m", "edition_id": "e", "period": 0, "digest": "", "items": []},
+        {"monitor_id": "m", "edition_id": "e", "period": 1, "items": []},
+        {"monitor_id": "", "edition_id": "e", "period": 1, "digest": "", "items": []},
+    ],
     "approval/requested": [
         {"call_id": "c", "name": "n"},
         {"call_id": "c", "name": "n", "args": "{}"},

@@ -65,6 +65,9 @@ def test_builtins_catalogue_and_flags():
         "schedule.create",
         "schedule.list",
         "schedule.cancel",
+        "monitor.create",
+        "monitor.list",
+        "monitor.cancel",
     }
     for name, defn in BUILTINS.items():
         assert defn.name == name
