@@ -268,6 +268,7 @@ class StatusFilter(admin.SimpleListFilter):
             ("idle", "idle"),
             ("running", "running"),
             ("waiting_approval", "waiting for approval"),
+            ("waiting_task", "waiting for its tasks"),
             ("waiting_reconcile", "waiting for an operator"),
             ("blocked", "blocked"),
             ("waiting_slot", "waiting for an agent slot"),
@@ -280,7 +281,13 @@ class StatusFilter(admin.SimpleListFilter):
             case "idle":
                 return queryset.filter(open_turn_seq__isnull=True)
             case "running":
-                return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0)
+                return queryset.filter(
+                    open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0, waiting_tasks=0
+                )
+            case "waiting_task":
+                return queryset.filter(
+                    open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0, waiting_tasks__gt=0
+                )
             case "waiting_approval":
                 return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals__gt=0)
             case "waiting_reconcile":

@@ -13,7 +13,9 @@ class SessionsAppConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while the app
         # registry is still loading, before any module that touches models
         # can be imported.
-        from sessions_app.runtime import codever, hooks, versions
+        from sessions_app.runtime import codever, dispatch, hooks, inprocess, versions
+        from sessions_app.runtime.owned import store as owned_store
+        from sessions_app.runtime.owned import supervise
         from sessions_app.services import compaction, schedules
         from sessions_app.services.post_turn import post_turn
 
@@ -22,6 +24,9 @@ class SessionsAppConfig(AppConfig):
         hooks.register_after_turn(post_turn)
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
+        supervise.setup()  # task kinds, the reaper on the clock, the task tools' backend
+        owned_store.use_dispatch(dispatch.start_task, dispatch.wake)
+        inprocess.use_task_runner(supervise.start)
         # Every save of a profile records a version if its definition changed.
         post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 

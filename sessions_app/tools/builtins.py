@@ -30,6 +30,7 @@ from django.conf import settings
 
 from .base import Definition, Reconciliation, ToolContext, ToolError
 from .schedules import DEFINITIONS as SCHEDULE_TOOLS
+from .tasks import DEFINITIONS as TASK_TOOLS
 
 MAX_READ_BYTES = 256 * 1024
 MAX_WRITE_BYTES = 256 * 1024
@@ -305,5 +306,6 @@ BUILTINS: dict[str, Definition] = {
             replay="never",
         ),
         *SCHEDULE_TOOLS,
+        *TASK_TOOLS,
     )
 }
