@@ -1,0 +1,295 @@
+"""Owned work on the embedded path (runtime/owned/): task.start and task.wait
+park the turn in waiting_task, a terminal receipt wakes it, a background
+task's receipt wakes its owner through a follow-up, Stop cancels a running
+command's whole process group, a missing kind blocks a task, and the reaper
+ends a task whose supervisor is gone.
+
+Turns are driven by hand (manual worker) and tasks are supervised by
+supervise.run_task on a thread of the test, with real processes; the model
+is the local fake server, requests counted there. Runs on SQLite and on
+PostgreSQL alike (the worker-process tests are test_owned_tasks_worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from sessions_app import services
+from sessions_app.models import AgentProfile, Session, Task
+from sessions_app.runtime.drive import drive
+from sessions_app.runtime.effects import effects_audit
+from sessions_app.runtime.owned import command, kinds, store, supervise
+from sessions_app.runtime.owned.audit import tasks_audit
+from sessions_app.tools.builtins import workspace_dir
+from tests.fakes.fake_llm import Reply
+from tests.helpers import events, kinds as kinds_of, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
+
+TOOLS = ["task.start", "task.wait", "task.status", "task.cancel", "clock.now"]
+# task.start and task.cancel ask a reviewer under the default policy; these tests have none.
+NO_HUMAN = {"task.start": "never", "task.cancel": "never"}
+
+
+@pytest.fixture
+def profile(db: None) -> AgentProfile:
+    return AgentProfile.objects.create(
+        name="tasks",
+        roles={"main": "test/model"},
+        builtin_tools=TOOLS,
+        allow_floor=["*"],
+        command_allow=["sh"],
+        approvals=NO_HUMAN,
+    )
+
+
+def start(argv: list[str], *, background: bool, timeout_s: float = 60) -> Reply:
+    args = {"kind": "command", "argv": argv, "timeout_s": timeout_s, "background": background}
+    return Reply(tool_calls=[("task.start", args)])
+
+
+def status(session: Session) -> str:
+    return Session.objects.get(id=session.id).status
+
+
+def audits_hold(session: Session) -> None:
+    tasks, fx = tasks_audit(session.id), effects_audit(session.id)
+    assert tasks.ok, tasks.problems
+    assert fx.ok, fx.problems
+
+
+def results(session: Session) -> list[dict[str, Any]]:
+    return events(session, "tool/result")
+
+
+def test_a_command_whose_argv_is_not_allowed_is_refused_and_nothing_runs(
+    fake_llm: Any, session: Session, tmp_path: Path
+) -> None:
+    fake_llm.script(start(["python3", "-c", "open('marker.txt','w')"], background=False), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "ended"
+    (result,) = results(session)
+    assert result["is_error"] is True
+    assert "'python3' is not allowed to run" in result["content"] and "nothing was started" in result["content"]
+    assert Task.objects.count() == 0 and "task/started" not in kinds_of(session)
+    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    assert events(session, "turn/end") == [{"status": "completed"}]
+    assert len(fake_llm.requests) == 2
+    audits_hold(session)
+
+
+def test_a_foreground_command_parks_the_turn_in_waiting_task_until_its_receipt(
+    fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(start(["sh", "-c", "echo hello > marker.txt; echo out"], background=False), Reply(text="done"))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "parked"
+    assert status(session) == "waiting_task"
+    row = Session.objects.get(id=session.id)
+    assert row.waiting_tasks == 1 and row.lease_owner == ""  # parked: no worker, no lease
+    (task,) = Task.objects.all()
+    assert (task.phase, task.background, task.kind) == ("pending", False, "command")
+    assert len(fake_llm.requests) == 1
+    audits_hold(session)
+
+    assert supervise.run_task(str(task.id)) == "done"
+    assert Session.objects.get(id=session.id).waiting_tasks == 0
+    (receipt,) = events(session, "task/completed")
+    assert receipt["waited"] is True and receipt["outcome"] == {"exit_code": 0, "output": "out\n"}
+    assert drive(session.id) == "ended"
+    assert events(session, "turn/end") == [{"status": "completed"}]
+    (result,) = results(session)
+    assert json.loads(result["content"])["outcome"] == {"exit_code": 0, "output": "out\n"}
+    # The tool result reached the model: one request per step, counted at the fake provider.
+    assert len(fake_llm.requests) == 2
+    sent = fake_llm.requests[1]["messages"][-1]
+    assert sent["role"] == "tool" and json.loads(sent["content"])["outcome"]["output"] == "out\n"
+    assert (workspace_dir(session.id) / "marker.txt").read_text() == "hello\n"
+    audits_hold(session)
+
+
+def test_a_background_command_ends_the_turn_at_once_and_its_receipt_wakes_the_owner(
+    fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(
+        start(["sh", "-c", "echo done > marker.txt"], background=True),
+        Reply(text="started it"),
+        Reply(text="it finished"),
+    )
+    services.run_turn(session.id, "run it in the background")
+    assert drive(session.id) == "ended"
+    (result,) = results(session)
+    task_id = json.loads(result["content"])["task_id"]
+    assert events(session, "turn/end") == [{"status": "completed"}]
+    assert Task.objects.get(id=task_id).phase == "pending"
+
+    assert supervise.run_task(task_id) == "done"
+    (receipt,) = events(session, "task/completed")
+    assert receipt["waited"] is False
+    (follow_up,) = events(session, "input/deferred")
+    assert follow_up["lane"] == "follow_up" and follow_up["task_id"] == task_id
+    drive(session.id)  # the follow-up opens a turn of its own
+    assert [e["status"] for e in events(session, "turn/end")] == ["completed", "completed"]
+    assert len(fake_llm.requests) == 3
+    assert f"[task {task_id} (command) completed]" in json.dumps(fake_llm.requests[2]["messages"])
+    assert (workspace_dir(session.id) / "marker.txt").exists()
+    audits_hold(session)
+
+
+def test_task_wait_waits_for_background_tasks_and_returns_their_outcomes(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(start(["sh", "-c", "echo one"], background=True), Reply(text="later"))
+    services.run_turn(session.id, "start")
+    drive(session.id)
+    task_id = json.loads(results(session)[0]["content"])["task_id"]
+    fake_llm.script(Reply(tool_calls=[("task.wait", {"task_ids": [task_id]})]), Reply(text="waited"))
+    services.run_turn(session.id, "wait for it")
+    assert drive(session.id) == "parked"
+    assert status(session) == "waiting_task"
+    supervise.run_task(task_id)
+    assert events(session, "input/deferred") == []  # waited on: no follow-up, the waiting turn hears it
+    assert drive(session.id) == "ended"
+    waited = json.loads(results(session)[-1]["content"])
+    assert waited == [{"task_id": task_id, "phase": "done", "outcome": {"exit_code": 0, "output": "one\n"}}]
+    audits_hold(session)
+
+
+def _wait_running(task_id: str) -> Task:
+    return wait_for(
+        lambda: Task.objects.filter(id=task_id, phase="running", pgid__isnull=False).first(), 10, "the process"
+    )
+
+
+def test_stop_cancels_a_running_background_command_and_kills_its_process_group(
+    fake_llm: Any, session: Session
+) -> None:
+    argv = ["sh", "-c", "sleep 3; echo done > marker.txt"]
+    fake_llm.script(start(argv, background=True), Reply(text="started"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    task_id = json.loads(results(session)[0]["content"])["task_id"]
+    runner = threading.Thread(target=supervise.run_task, args=(task_id,))
+    runner.start()
+    task = _wait_running(task_id)
+    assert command.group_alive(task.pgid)
+
+    assert services.cancel(session.id, by="owner") is True  # Stop: the full-stop policy
+    assert Task.objects.get(id=task_id).abort_requested_at is not None  # the intent, committed first
+    runner.join(10)
+    task.refresh_from_db()
+    assert task.phase == "cancelled" and task.receipt_seq is not None
+    assert not command.group_alive(task.pgid)
+    assert events(session, "input/deferred") == []  # a cancel is not news for the owner
+    time.sleep(3.5)
+    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    audits_hold(session)
+
+
+def test_cancelling_a_turn_parked_on_a_foreground_command_settles_the_task_before_the_turn_closes(
+    fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(start(["sh", "-c", "sleep 3; echo done > marker.txt"], background=False))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "parked"
+    (task,) = Task.objects.all()
+    runner = threading.Thread(target=supervise.run_task, args=(str(task.id),))
+    runner.start()
+    _wait_running(str(task.id))
+    services.cancel(session.id, by="owner")
+    assert events(session, "turn/end") == []  # descendants settle before the owner's cleanup
+    runner.join(10)
+    assert drive(session.id) == "ended"
+    assert events(session, "turn/end") == [{"status": "cancelled"}]
+    order = [k for k in kinds_of(session) if k in ("task/cancelled", "turn/end")]
+    assert order == ["task/cancelled", "turn/end"]
+    time.sleep(3.5)
+    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    audits_hold(session)
+
+
+def test_a_task_whose_kind_the_code_lacks_is_blocked_never_dropped_and_runs_once_it_is_back(
+    fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(start(["sh", "-c", "echo back"], background=True), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    kinds.uninstall("command", 1)
+    try:
+        assert supervise.run_task(str(task.id)) == "blocked"
+        task.refresh_from_db()
+        assert task.phase == "blocked" and task.receipt_seq is None
+        (blocked,) = events(session, "task/blocked")
+        assert blocked["code"] == "definition_missing" and blocked["what"] == "task kind command v1"
+        supervise.reap()
+        assert Task.objects.get(id=task.id).phase == "blocked"  # still missing: stays blocked
+    finally:
+        kinds.install(command.KIND)
+    supervise.reap()  # the definition is back: started again
+    assert Task.objects.get(id=task.id).phase == "pending"
+    assert supervise.run_task(str(task.id)) == "done"
+    audits_hold(session)
+
+
+def test_the_reaper_kills_the_group_of_a_task_whose_supervisor_is_gone(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=True), Reply(text="ok"), Reply(text="told"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    # A supervisor that spawned the process and then died: its claim, its record, no renewals.
+    claim = store.claim(task.id)
+    assert claim is not None
+    cwd = command.workdir(session.id)
+    env = {"PATH": os.environ["PATH"], command.MARKER: str(task.id)}
+    proc = subprocess.Popen(["sh", "-c", "sleep 30"], cwd=cwd, env=env, start_new_session=True)
+    store.set_process(task.id, claim.generation, proc.pid, checkpoint={"spawned": True})
+    assert not tasks_audit(session.id).problems  # still owned: its lease runs
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert "nobody owns it" in " ".join(tasks_audit(session.id).problems)
+
+    assert supervise.reap() >= 1
+    proc.wait(5)
+    task.refresh_from_db()
+    assert task.phase == "failed" and task.reason["code"] == "supervisor_lost"
+    assert task.generation == claim.generation + 1  # taken over: the dead supervisor's writes are fenced off
+    assert not command.group_alive(proc.pid)
+    assert not store.settle(task.id, claim.generation, "done", outcome={})  # the old generation writes nothing
+    (follow_up,) = events(session, "input/deferred")  # the owner is told
+    assert follow_up["task_id"] == str(task.id)
+    drive(session.id)
+    assert "supervisor_lost" in json.dumps(fake_llm.requests[-1]["messages"])
+    audits_hold(session)
+
+
+def test_task_status_and_cancel_as_tools(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=True), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    runner = threading.Thread(target=supervise.run_task, args=(str(task.id),))
+    runner.start()
+    _wait_running(str(task.id))
+    fake_llm.script(
+        Reply(tool_calls=[("task.status", {"task_id": str(task.id)})]),
+        Reply(tool_calls=[("task.cancel", {"task_id": str(task.id)})]),
+        Reply(tool_calls=[("task.status", {"task_id": "not-a-task"})]),
+        Reply(text="cancelled"),
+    )
+    services.run_turn(session.id, "check and stop it")
+    drive(session.id)
+    runner.join(10)
+    got = [r for r in results(session)][1:]
+    assert json.loads(got[0]["content"])["phase"] == "running"
+    assert json.loads(got[1]["content"])["aborting"] is True
+    assert got[2]["is_error"] and "no task" in got[2]["content"]
+    assert Task.objects.get(id=task.id).phase == "cancelled"
+    audits_hold(session)
