@@ -14,9 +14,9 @@ class SessionsAppConfig(AppConfig):
         # registry is still loading, before any module that touches models
         # can be imported.
         from sessions_app.runtime import codever, dispatch, hooks, inprocess, versions
-        from sessions_app.runtime.owned import store as owned_store
-        from sessions_app.runtime.owned import supervise
-        from sessions_app.services import compaction, schedules
+        from sessions_app.runtime.owned import store as owned_store  # local: see above
+        from sessions_app.runtime.owned import supervise  # local: see above
+        from sessions_app.services import compaction, schedules  # local: see above
         from sessions_app.services.post_turn import post_turn
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)

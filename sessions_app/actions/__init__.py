@@ -30,6 +30,7 @@ Verbs, by noun (`verb(user, session_id, ...)`):
   already)
 - inputs.py: inject, input_receipt, withdraw
 - schedules.py: list_schedules, create_schedule, cancel_schedule
+- tasks.py: list_tasks, task_detail, cancel_task (owned work; task_json shapes a Task)
 - approvals.py: decide
 - policies.py: set_policy, ask_again
 - effects.py: effects, resolve
@@ -88,6 +89,7 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
+from sessions_app.actions.tasks import cancel_task, list_tasks, task_detail, task_json
 from sessions_app.actions.versions import (
     newest_version,
     profile_versions,
@@ -110,6 +112,7 @@ __all__ = [
     "by",
     "cancel",
     "cancel_schedule",
+    "cancel_task",
     "compact",
     "create_schedule",
     "create_session",
@@ -124,6 +127,7 @@ __all__ = [
     "input_receipt",
     "list_profiles",
     "list_schedules",
+    "list_tasks",
     "live_state",
     "newest_version",
     "notification_settings",
@@ -148,6 +152,8 @@ __all__ = [
     "set_policy",
     "socket_access",
     "suspend",
+    "task_detail",
+    "task_json",
     "unarchive",
     "upgrade",
     "upgrade_profile",

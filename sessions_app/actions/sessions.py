@@ -19,6 +19,7 @@ from sessions_app.permissions import can_approve, can_drive
 from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
+from sessions_app.services import tasks as task_services
 from sessions_app.services import versions as version_services
 from sessions_app.services.operators import turn_progress
 from sessions_app.services.versions import SessionVersion
@@ -79,6 +80,7 @@ class SessionDetail:
     budget: dict[str, Any]
     progress: Any  # services.operators.turn_progress: the open turn's progress
     version: SessionVersion | None = None
+    parent: dict[str, str] | None = None  # a subagent's child session: {session_id, task_id}
 
     def as_json(self) -> dict[str, Any]:
         session, totals = self.session, self.usage
@@ -99,6 +101,7 @@ class SessionDetail:
             "budget": self.budget,
             "progress": self.progress.as_json(),
             "version": self.version.as_json() if self.version is not None else None,
+            "parent": self.parent,
         }
 
 
@@ -111,6 +114,7 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         budget=budget_services.budget_of(session.id),
         progress=turn_progress(session),
         version=version_services.version_of(session),
+        parent=task_services.parent_of(session.id),
     )
 
 

@@ -220,6 +220,11 @@ class ProgressOut(Schema):
     tools_in_flight: list[ToolInFlightOut]
 
 
+class ParentOut(Schema):
+    session_id: str
+    task_id: str
+
+
 class SessionOut(Schema):
     id: str
     profile: str | None
@@ -241,6 +246,7 @@ class SessionOut(Schema):
     budget: BudgetOut = Field(description="as GET …/budget answers")
     progress: ProgressOut = Field(description="what the open turn has done lately (docs/runtime.md, liveness)")
     version: VersionOut | None = Field(description="null: the session names no profile")
+    parent: ParentOut | None = Field(None, description="a subagent's child session: the parent and its task")
 
 
 class ReceiptOut(Schema):
@@ -324,6 +330,37 @@ def schedules_out(rows: list[ScheduleRow]) -> dict[str, Any]:
 
 class SchedulesOut(Schema):
     schedules: list[ScheduleOut]
+
+
+class TaskOwnerOut(Schema):
+    session_id: str
+    turn_seq: int
+
+
+class TaskOut(Schema):
+    """An owned task (docs/protocol.md, "Tasks"): actions.task_json is its one shape."""
+
+    id: str
+    kind: str = Field(description="command or subagent")
+    version: int = Field(description="the kind's version the task runs under")
+    phase: Literal["pending", "running", "waiting", "completing", "done", "failed", "cancelled", "blocked"]
+    background: bool
+    owner: TaskOwnerOut
+    started_at: str
+    age_s: float
+    child_session: str | None = Field(None, description="a subagent's child session")
+    ended_at: str | None = None
+    outcome: dict[str, Any] | None = Field(
+        None, description="a command's {exit_code, output}, a subagent's {answer}; with the terminal receipt"
+    )
+    reason: dict[str, Any] | None = Field(None, description="why it failed, was cancelled or is blocked: {code, ...}")
+    argv: list[str] | None = None
+    output: str | None = Field(None, description="a running command's output tail so far (bounded)")
+    aborting: bool | None = Field(None, description="abort intent is committed; the cancelled receipt follows")
+
+
+class TasksOut(Schema):
+    tasks: list[TaskOut]
 
 
 class EventOut(Schema):
