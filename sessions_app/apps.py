@@ -15,8 +15,12 @@ class SessionsAppConfig(AppConfig):
         # can be imported.
         from sessions_app.runtime import codever, dispatch, hooks, inprocess, versions
         from sessions_app.runtime.owned import store as owned_store  # local: see above
-        from sessions_app.runtime.owned import supervise  # local: see above
-        from sessions_app.services import compaction, schedules  # local: see above
+        from sessions_app.runtime.owned import subagent, supervise  # local: see above
+        from sessions_app.services import (  # local: see above
+            compaction,
+            inputs,  # local: see above
+            schedules,
+        )
         from sessions_app.services.post_turn import post_turn
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)
@@ -27,6 +31,7 @@ class SessionsAppConfig(AppConfig):
         supervise.setup()  # task kinds, the reaper on the clock, the task tools' backend
         owned_store.use_dispatch(dispatch.start_task, dispatch.wake)
         inprocess.use_task_runner(supervise.start)
+        subagent.use_stopper(inputs.cancel)  # a cancelled subagent's child gets the Stop a person has
         # Every save of a profile records a version if its definition changed.
         post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 

@@ -168,6 +168,11 @@ class BudgetLimitOut(Schema):
     turns: int | None
 
 
+class ChildrenSpentOut(Schema):
+    cost_usd: float
+    tokens: int
+
+
 class BudgetSpentOut(Schema):
     """What the session has spent over its whole life."""
 
@@ -178,6 +183,10 @@ class BudgetSpentOut(Schema):
     unpriced: int = Field(
         description="usage entries of unknown price: while above 0 a cost budget cannot be enforced and counts "
         "as exhausted (unpriced is never $0)"
+    )
+    children: ChildrenSpentOut = Field(
+        description="what its subagents' child sessions spent, at any depth: counted against this session's cost "
+        "and token budgets too"
     )
 
 

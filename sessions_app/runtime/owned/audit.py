@@ -64,7 +64,7 @@ def tasks_audit(session_id: uuid.UUID | str) -> Audit:
             continue
         if got:
             problems.append(f"task {tid} is live ({task.phase}) but its log has a receipt")
-        if task.phase in ("running", "waiting", "completing"):
+        if task.phase in ("running", "completing"):
             if task.lease_expires_at is None or task.lease_expires_at <= now:
                 problems.append(f"task {tid} is {task.phase} and nobody owns it (its lease ran out)")
         if not task.background and any(end > task.turn_seq for end in turn_ends):

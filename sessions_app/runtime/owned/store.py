@@ -45,6 +45,13 @@ FOLLOW_UP_OUTCOME_CHARS = 4000  # of a background task's outcome in the owner's 
 # Set by supervise.setup() (it sits above the dispatch; this module is under the turn runner).
 _start: Callable[[str], None] = lambda task_id: None  # noqa: E731
 _wake: Callable[[str], None] = lambda session_id: None  # noqa: E731
+# What an abort signals beyond the supervisor's own poll (a subagent's child is stopped).
+_on_abort: list[Callable[[Task], None]] = []
+
+
+def on_abort(fn: Callable[[Task], None]) -> None:
+    if fn not in _on_abort:
+        _on_abort.append(fn)
 
 
 def use_dispatch(start: Callable[[str], None], wake: Callable[[str], None]) -> None:
@@ -135,13 +142,21 @@ def admit(
     background: bool,
     spec: dict[str, Any],
     started: dict[str, Any] | None = None,
+    child_session: Any = None,
 ) -> tuple[Task, bool]:
     """The task of `call_id` (made now, with task/started, or found: a
     resumed call finds what its first attempt made). Started on commit."""
     task, created = Task.objects.get_or_create(
         session_id=tx.session_id,
         call_id=call_id,
-        defaults={"turn_seq": turn_seq, "kind": kind, "version": version, "background": background, "spec": spec},
+        defaults={
+            "turn_seq": turn_seq,
+            "kind": kind,
+            "version": version,
+            "background": background,
+            "spec": spec,
+            "child_session": child_session,
+        },
     )
     if created:
         data: dict[str, Any] = {"task_id": str(task.id), "kind": kind, "version": version, "background": background}
@@ -244,6 +259,16 @@ def set_process(task_id: uuid.UUID, generation: int, pgid: int | None, *, checkp
     return bool(
         Task.objects.filter(id=task_id, generation=generation, receipt_seq__isnull=True).update(
             pgid=pgid, host=socket.gethostname(), checkpoint=checkpoint
+        )
+    )
+
+
+def park(task_id: uuid.UUID, generation: int) -> bool:
+    """waiting: the task holds no supervisor and no lease; what it waits on
+    settles it (a subagent's child going idle)."""
+    return bool(
+        Task.objects.filter(id=task_id, generation=generation, receipt_seq__isnull=True).update(
+            phase="waiting", lease_expires_at=None
         )
     )
 
@@ -353,14 +378,17 @@ def request_abort(tasks: Iterable[Task] | Any, reason: str) -> list[str]:
     is then settled by its supervisor, or, pending or supervised by nobody,
     by a fresh claim (started here on commit) or the reaper. The ids marked."""
     now = timezone.now()
-    ids = [str(t.id) for t in tasks if t.receipt_seq is None]
+    live = [t for t in tasks if t.receipt_seq is None]
+    ids = [str(t.id) for t in live]
     if not ids:
         return []
     Task.objects.filter(id__in=ids, receipt_seq__isnull=True, abort_requested_at__isnull=True).update(
         abort_requested_at=now, abort_reason=reason[:200]
     )
-    for tid in ids:
-        start_on_commit(tid)  # a pending task is settled cancelled by its claim at once
+    for task in live:
+        start_on_commit(task.id)  # a pending task is settled cancelled by its claim at once
+        for signal in _on_abort:
+            transaction.on_commit(lambda task=task, signal=signal: signal(task), robust=True)  # type: ignore[misc]
     return ids
 
 

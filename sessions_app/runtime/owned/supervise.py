@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from sessions_app.models import Task
 from sessions_app.runtime import counters, hooks
-from sessions_app.runtime.owned import command, kinds, store
+from sessions_app.runtime.owned import command, kinds, store, subagent
 from sessions_app.runtime.owned.supervision import Settlement, Supervision
 from sessions_app.tools import tasks as task_tools
 
@@ -82,6 +82,8 @@ def _run(claim: store.Claim) -> str:
         ended = Settlement("failed", None, {"code": "error", "message": f"{type(exc).__name__}: {exc}"[:500]})
     if not ended.phase:
         return "lost"
+    if ended.phase == "waiting":
+        return "waiting"
     if not store.hold(task.id, claim.generation, ended.phase, ended.outcome, ended.reason):
         return "lost"
     store.settle(task.id, claim.generation, ended.phase, outcome=ended.outcome, reason=ended.reason)
@@ -97,7 +99,27 @@ def reap() -> int:
     moved += _orphans()
     moved += _unowned()
     moved += _restart()
+    moved += _children()
     return moved
+
+
+def _children() -> int:
+    """Subagent tasks whose child is idle are settled (a crash may have
+    lost the after-turn hook's settle); a child of an aborting task is
+    stopped again until it is."""
+    settled = 0
+    waiting = Task.objects.filter(receipt_seq__isnull=True, kind=subagent.NAME, phase__in=("running", "waiting"))
+    for task in waiting.exclude(child_session__isnull=True)[:REAP_BATCH]:
+        if task.child_session_id is not None and subagent.settle_child(task.child_session_id):
+            settled += 1
+        elif task.abort_requested_at is not None:
+            subagent.stop_child(task)
+    return settled
+
+
+def _after_turn(session_id: Any, facts: Any) -> None:
+    """A child's turn ended: its parent's task may be settled now."""
+    subagent.settle_child(session_id)
 
 
 def _orphans() -> int:
@@ -118,7 +140,7 @@ def _orphans() -> int:
 def _unowned() -> int:
     """Tasks whose supervisor is gone: taken over and ended (or run again)."""
     now = timezone.now()
-    candidates = Task.objects.filter(receipt_seq__isnull=True, phase__in=("running", "waiting", "completing"))
+    candidates = Task.objects.filter(receipt_seq__isnull=True, phase__in=("running", "completing"))
     expired = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
     if connection.vendor == "postgresql":
         gone = store.process_gone(f"{Task._meta.db_table}.supervisor_process")
@@ -207,5 +229,8 @@ def setup() -> None:
     (The store's dispatch is wired by the app's ready(): the dispatch sits
     above the turn runner, which this package is under.)"""
     kinds.install(command.KIND)
+    kinds.install(subagent.KIND)
+    store.on_abort(subagent.stop_child)
+    hooks.register_after_turn(_after_turn)
     hooks.register_clock(_reap_clock)
     task_tools.register(_AgentTasks())

@@ -29,6 +29,11 @@ class Settlement:
     def lost() -> Settlement:
         return Settlement("", None, None)
 
+    @staticmethod
+    def parked() -> Settlement:
+        """Parked in `waiting` (a subagent's child runs on its own): settled later, by what it waits on."""
+        return Settlement("waiting", None, None)
+
 
 class Supervision:
     """One generation's hold on a task, handed to its kind's run."""

@@ -23,8 +23,8 @@ from typing import Any
 from sessions_app import log
 from sessions_app.errors import TaskRefused
 from sessions_app.log.records import Fence, LoggedEvent
-from sessions_app.models import AgentProfile, Task
-from sessions_app.runtime.owned import command, kinds, store
+from sessions_app.models import AgentProfile, Session, Task
+from sessions_app.runtime.owned import command, kinds, store, subagent
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,22 @@ def _start(
     version = kinds.current_version(kind) if isinstance(kind, str) else None
     if version is None:
         raise TaskRefused(f"unknown task kind {kind!r}; installed: {', '.join(n for n, _ in kinds.installed())}")
+    started: dict[str, Any] = {}
     if kind == "command":
         spec = command.check(profile, args)
-        started: dict[str, Any] = {"argv": spec["argv"]}
-    else:
+        started["argv"] = spec["argv"]
+    elif kind != "subagent":
         raise TaskRefused(f"task kind {kind!r} cannot be started here")
     with log.locked(session_id, fence=fence) as tx:
         turn_seq = tx.row["open_turn_seq"]
+        child: Session | None = None
+        if kind == "subagent" and not Task.objects.filter(session_id=session_id, call_id=call_id).exists():
+            # Checked under the parent's row lock: two calls racing cannot both pass the bounds.
+            spec = subagent.check(Session.objects.get(id=session_id), profile, args)
+            child = subagent.make_child(tx, spec)
+            started.update(profile=spec["profile"], child_session=str(child.id))
+        elif kind == "subagent":
+            spec = {}
         task, _ = store.admit(
             tx,
             turn_seq=turn_seq,
@@ -90,6 +99,7 @@ def _start(
             background=background,
             spec=spec,
             started=started,
+            child_session=child,
         )
         live = 0 if task.background else store.wait_on(tx, [task], call_id)
     if task.background:

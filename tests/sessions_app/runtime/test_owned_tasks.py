@@ -88,9 +88,7 @@ def test_a_command_whose_argv_is_not_allowed_is_refused_and_nothing_runs(
     audits_hold(session)
 
 
-def test_a_foreground_command_parks_the_turn_in_waiting_task_until_its_receipt(
-    fake_llm: Any, session: Session
-) -> None:
+def test_a_foreground_command_parks_the_turn_in_waiting_task_until_its_receipt(fake_llm: Any, session: Session) -> None:
     fake_llm.script(start(["sh", "-c", "echo hello > marker.txt; echo out"], background=False), Reply(text="done"))
     services.run_turn(session.id, "run it")
     assert drive(session.id) == "parked"
@@ -169,9 +167,7 @@ def _wait_running(task_id: str) -> Task:
     )
 
 
-def test_stop_cancels_a_running_background_command_and_kills_its_process_group(
-    fake_llm: Any, session: Session
-) -> None:
+def test_stop_cancels_a_running_background_command_and_kills_its_process_group(fake_llm: Any, session: Session) -> None:
     argv = ["sh", "-c", "sleep 3; echo done > marker.txt"]
     fake_llm.script(start(argv, background=True), Reply(text="started"))
     services.run_turn(session.id, "run it")
@@ -293,3 +289,145 @@ def test_task_status_and_cancel_as_tools(fake_llm: Any, session: Session) -> Non
     assert got[2]["is_error"] and "no task" in got[2]["content"]
     assert Task.objects.get(id=task.id).phase == "cancelled"
     audits_hold(session)
+
+
+# --- subagents ------------------------------------------------------------------
+
+
+@pytest.fixture
+def helper(db: None) -> AgentProfile:
+    """The child's profile: it may run commands of its own."""
+    return AgentProfile.objects.create(
+        name="helper",
+        roles={"main": "test/model"},
+        builtin_tools=TOOLS,
+        allow_floor=["*"],
+        command_allow=["sh"],
+        approvals=NO_HUMAN,
+    )
+
+
+def subagent(prompt: str, *, background: bool = False, **extra: Any) -> Reply:
+    args = {"kind": "subagent", "profile": "helper", "prompt": prompt, "background": background, **extra}
+    return Reply(tool_calls=[("task.start", args)])
+
+
+def child_of(task: Task) -> Session:
+    task.refresh_from_db()
+    assert task.child_session_id is not None
+    return Session.objects.get(id=task.child_session_id)
+
+
+def test_a_foreground_subagent_parks_the_parent_and_its_answer_completes_the_parent_turn(
+    fake_llm: Any, session: Session, helper: AgentProfile, owner: Any
+) -> None:
+    from sessions_app import actions
+
+    fake_llm.script(subagent("what is 2+2?"), Reply(text="4"), Reply(text="the child says 4"))
+    services.run_turn(session.id, "ask a helper")
+    assert drive(session.id) == "parked"
+    assert status(session) == "waiting_task"
+    (task,) = Task.objects.all()
+    child = child_of(task)
+    assert child.owner_id == session.owner_id and child.profile_id == helper.id
+    assert events(child, "user/message") == [{"text": "what is 2+2?"}]  # the prompt is its first message
+    (started,) = events(session, "task/started")
+    assert started["child_session"] == str(child.id) and started["profile"] == "helper"
+
+    assert supervise.run_task(str(task.id)) == "waiting"
+    assert Task.objects.get(id=task.id).phase == "waiting"
+    assert drive(child.id) == "ended"  # the child runs its own turn
+    supervise.reap()  # (the after-turn hook's settle; the manual worker runs no hooks)
+    task.refresh_from_db()
+    assert task.phase == "done" and task.outcome == {"answer": "4"}
+    assert drive(session.id) == "ended"
+    assert events(session, "turn/end") == [{"status": "completed"}]
+    # One request per step, counted at the fake provider: parent, child, parent.
+    assert len(fake_llm.requests) == 3
+    sent = fake_llm.requests[2]["messages"][-1]
+    assert sent["role"] == "tool" and json.loads(sent["content"])["outcome"] == {"answer": "4"}
+
+    detail = actions.session_detail(owner, child.id).as_json()
+    assert detail["parent"] == {"session_id": str(session.id), "task_id": str(task.id)}
+    assert actions.session_detail(owner, session.id).as_json()["parent"] is None
+    audits_hold(session)
+    audits_hold(child)
+
+
+def test_the_depth_and_live_children_bounds_refuse_a_subagent(
+    fake_llm: Any, session: Session, helper: AgentProfile, profile: AgentProfile
+) -> None:
+    from tests.helpers import edit_profile
+
+    edit_profile(profile, max_live_children=1)
+    fake_llm.script(subagent("one", background=True), subagent("two", background=True), Reply(text="ok"))
+    services.run_turn(session.id, "two helpers")
+    drive(session.id)
+    first, second = results(session)
+    assert "task_id" in json.loads(first["content"])
+    assert second["is_error"] and "max_live_children 1" in second["content"]
+    assert Task.objects.count() == 1 and Session.objects.count() == 2
+
+    edit_profile(profile, max_task_depth=0)
+    fake_llm.script(subagent("deep"), Reply(text="ok"))
+    services.run_turn(session.id, "deeper")
+    drive(session.id)
+    assert "max_task_depth 0" in results(session)[-1]["content"]
+    assert Task.objects.count() == 1
+
+
+def test_a_childs_spend_is_in_the_parents_budget_and_exhausting_it_holds_both(
+    fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    from sessions_app.services import budgets
+
+    budgets.set_budget(session.id, {"cost_usd": 0.015, "tokens": None, "steps": None, "turns": None})
+    call = subagent("spend", background=True, budget_usd=0.01)
+    call.usage = (10, 5, 0.001)  # priced: an unpriced entry would exhaust a cost budget by itself
+    fake_llm.script(call, Reply(text="started", usage=(10, 5, 0.001)))
+    services.run_turn(session.id, "ask")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    child = child_of(task)
+    assert float(Session.objects.get(id=child.id).budget_cost_usd) == pytest.approx(0.01)  # reserved from the parent's
+    fake_llm.script(Reply(text="spent it", usage=(1000, 500, 0.02)))
+    supervise.run_task(str(task.id))
+    drive(child.id)
+    spent = budgets.budget_of(session.id)["spent"]
+    assert spent["children"] == {"cost_usd": pytest.approx(0.02), "tokens": 1500}
+    assert budgets.budget_of(session.id)["exhausted"]["budget"] == "cost_usd"
+    # Both held: new input starts no turn in the parent, nor in the child.
+    assert services.inject(session.id, "more", wake=True).disposition == "held"
+    assert services.inject(child.id, "more", wake=True).disposition == "held"
+    assert len(fake_llm.requests) == 2 + 1
+
+
+def test_stopping_the_parent_cancels_a_subagent_running_a_command_and_its_group(
+    fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    fake_llm.script(subagent("run a slow command", background=True), Reply(text="delegated"))
+    services.run_turn(session.id, "delegate")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    child = child_of(task)
+    supervise.run_task(str(task.id))
+    fake_llm.script(start(["sh", "-c", "sleep 3; echo done > marker.txt"], background=True), Reply(text="running"))
+    drive(child.id)
+    inner = Task.objects.get(session=child)
+    runner = threading.Thread(target=supervise.run_task, args=(str(inner.id),))
+    runner.start()
+    inner = _wait_running(str(inner.id))
+
+    services.cancel(session.id, by="owner")  # Stop on the parent: its full-stop policy reaches the child
+    runner.join(10)
+    inner.refresh_from_db()
+    assert inner.phase == "cancelled" and not command.group_alive(inner.pgid)
+    supervise.reap()
+    task.refresh_from_db()
+    assert task.phase == "cancelled"
+    kinds_parent = kinds_of(session)
+    assert kinds_parent.count("task/cancelled") == 1
+    time.sleep(3.5)
+    assert not (workspace_dir(child.id) / "marker.txt").exists()
+    audits_hold(session)
+    audits_hold(child)
