@@ -24,15 +24,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from sessions_app import services
+from sessions_app import actions, services
 from sessions_app.models import AgentProfile, Session, Task
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.effects import effects_audit
 from sessions_app.runtime.owned import command, kinds, store, supervise
 from sessions_app.runtime.owned.audit import tasks_audit
+from sessions_app.services import budgets
 from sessions_app.tools.builtins import workspace_dir
 from tests.fakes.fake_llm import Reply
-from tests.helpers import events, kinds as kinds_of, wait_for
+from tests.helpers import edit_profile, events, wait_for
+from tests.helpers import kinds as kinds_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -321,8 +323,6 @@ def child_of(task: Task) -> Session:
 def test_a_foreground_subagent_parks_the_parent_and_its_answer_completes_the_parent_turn(
     fake_llm: Any, session: Session, helper: AgentProfile, owner: Any
 ) -> None:
-    from sessions_app import actions
-
     fake_llm.script(subagent("what is 2+2?"), Reply(text="4"), Reply(text="the child says 4"))
     services.run_turn(session.id, "ask a helper")
     assert drive(session.id) == "parked"
@@ -357,8 +357,6 @@ def test_a_foreground_subagent_parks_the_parent_and_its_answer_completes_the_par
 def test_the_depth_and_live_children_bounds_refuse_a_subagent(
     fake_llm: Any, session: Session, helper: AgentProfile, profile: AgentProfile
 ) -> None:
-    from tests.helpers import edit_profile
-
     edit_profile(profile, max_live_children=1)
     fake_llm.script(subagent("one", background=True), subagent("two", background=True), Reply(text="ok"))
     services.run_turn(session.id, "two helpers")
@@ -379,8 +377,6 @@ def test_the_depth_and_live_children_bounds_refuse_a_subagent(
 def test_a_childs_spend_is_in_the_parents_budget_and_exhausting_it_holds_both(
     fake_llm: Any, session: Session, helper: AgentProfile
 ) -> None:
-    from sessions_app.services import budgets
-
     budgets.set_budget(session.id, {"cost_usd": 0.015, "tokens": None, "steps": None, "turns": None})
     call = subagent("spend", background=True, budget_usd=0.01)
     call.usage = (10, 5, 0.001)  # priced: an unpriced entry would exhaust a cost budget by itself
