@@ -168,3 +168,79 @@ def test_a_foreground_command_parks_the_turn_in_waiting_task_and_its_answer_foll
     kinds = list(Event.objects.filter(session=session).order_by("seq").values_list("kind", flat=True))
     assert kinds.index("task/completed") < kinds.index("turn/end")  # the barrier: the task settled first
     audits_hold(session)
+
+
+# --- subagents ------------------------------------------------------------------
+
+
+@pytest.fixture
+def helper(db: None) -> AgentProfile:
+    return AgentProfile.objects.create(
+        name="helper-worker",
+        roles={"main": "test/model"},
+        builtin_tools=["task.start", "task.cancel"],
+        allow_floor=["*"],
+        command_allow=["sh"],
+        approvals={"task.start": "never", "task.cancel": "never"},
+    )
+
+
+def by_conversation(script: dict[tuple[str, str], Reply]) -> Any:
+    """A responder answering by (the conversation's first user text, the last
+    message's role): parent and child run at once, so no FIFO order holds."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        first = next(m["content"] for m in messages if m["role"] == "user")
+        text = first if isinstance(first, str) else json.dumps(first)
+        key = next(k for k in script if k[0] in text and k[1] == messages[-1]["role"])
+        return script[key]
+
+    return respond
+
+
+def test_a_foreground_subagent_on_workers_the_parent_waits_and_completes_with_the_answer(
+    start_worker: Any, fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    call = {"kind": "subagent", "profile": helper.name, "prompt": "what is 2+2?", "background": False}
+    fake_llm.script(Reply(tool_calls=[("task.start", call)]), Reply(text="4"), Reply(text="the helper says 4"))
+    start_worker()
+    services.inject(session.id, "ask the helper", wake=True)
+    wait_for(lambda: Session.objects.filter(id=session.id, waiting_tasks=1, lease_owner="").exists(), 10, "the park")
+    wait_for(lambda: turn_ends(session) == ["completed"], 30, "the parent's end")
+    task = Task.objects.get(session=session)
+    assert task.phase == "done" and task.outcome == {"answer": "4"}
+    child = Session.objects.get(id=task.child_session_id)
+    assert [e["status"] for e in events(child, "turn/end")] == ["completed"]
+    assert len(fake_llm.requests) == 3  # parent, child, parent: one per step
+    assert json.loads(fake_llm.requests[2]["messages"][-1]["content"])["outcome"] == {"answer": "4"}
+    audits_hold(session)
+    audits_hold(child)
+
+
+def test_stop_of_the_parent_reaches_a_subagents_command_its_group_dies_and_no_marker_appears(
+    start_worker: Any, fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    call = {"kind": "subagent", "profile": helper.name, "prompt": "run the slow one", "background": True}
+    fake_llm.responder = by_conversation(
+        {
+            ("delegate", "user"): Reply(tool_calls=[("task.start", call)]),
+            ("delegate", "tool"): Reply(text="delegated"),
+            ("run the slow one", "user"): start(SLEEPER, background=True),
+            ("run the slow one", "tool"): Reply(text="running"),
+        }
+    )
+    start_worker()
+    services.inject(session.id, "delegate", wake=True)
+    task = the_task(session)
+    child = Session.objects.get(id=wait_for(lambda: Task.objects.get(id=task.id).child_session_id, 10, "child"))
+    inner = running(wait_for(lambda: Task.objects.filter(session=child).first(), 15, "the child's command"))
+    assert command.group_alive(inner.pgid)
+    services.cancel(session.id, by="owner")
+    wait_for(lambda: Task.objects.get(id=task.id).phase == "cancelled", 15, "the subagent's cancelled receipt")
+    inner.refresh_from_db()
+    assert inner.phase == "cancelled" and not command.group_alive(inner.pgid)
+    time.sleep(6)
+    assert not marker(child).exists()
+    audits_hold(session)
+    audits_hold(child)
