@@ -55,6 +55,7 @@ from sessions_app.models import (
     Notification,
     RuntimeCounter,
     Session,
+    Task,
     TurnTally,
     UsageDay,
     WorkerProcess,
@@ -117,6 +118,19 @@ class DatabaseCollector(Collector):
         yield from self._runtime()
         yield from self._effects_audit()
         yield self._notifications()
+        yield self._tasks()
+
+    def _tasks(self) -> Metric:
+        rows = Task.objects.values_list("kind", "phase").annotate(n=Count("pk")).order_by("kind", "phase")
+        by_phase = GaugeMetricFamily(
+            "terret_tasks",
+            "Owned tasks by kind and phase (runtime/owned/): live phases are pending, running, waiting, "
+            "completing and blocked; done, failed and cancelled have their terminal receipt.",
+            labels=["kind", "phase"],
+        )
+        for kind, phase, n in rows:
+            by_phase.add_metric([kind, phase], _int(n))
+        return by_phase
 
     def _effects_audit(self) -> Iterable[Metric]:
         audit = EffectAudit.objects.filter(found__gt=0).aggregate(

@@ -494,6 +494,7 @@ class AttentionOut(Schema):
         "stalled: running turns with no progress for TERRET_STALL_SECONDS, their detail the turn's progress, "
         "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
         "pinned_version, what, reason}), "
+        "tasks_live, tasks_blocked, tasks_orphaned: owned tasks, detail {task} (a TaskOut), "
         "each at most 200"
     )
     counts: dict[str, int]
