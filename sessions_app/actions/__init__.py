@@ -89,7 +89,7 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
-from sessions_app.actions.tasks import cancel_task, list_tasks, task_detail, task_json
+from sessions_app.actions.tasks import cancel_task, list_tasks, session_parent, task_detail, task_json
 from sessions_app.actions.versions import (
     newest_version,
     profile_versions,
@@ -145,6 +145,7 @@ __all__ = [
     "session_action",
     "session_detail",
     "session_for",
+    "session_parent",
     "session_version",
     "set_budget",
     "set_model",

@@ -20,6 +20,12 @@ def list_tasks(user: Any, session_id: Any) -> list[Task]:
     return tasks.of_session(session.id)
 
 
+def session_parent(session: Any) -> dict[str, str] | None:
+    """A subagent's child session's parent {session_id, task_id}, for a door
+    that let its reader in already (the /lg/ thread's metadata)."""
+    return tasks.parent_of(session.id)
+
+
 def _owned(user: Any, task_id: Any, need: Any) -> Any:
     sid = tasks.owner_of(task_id)
     try:

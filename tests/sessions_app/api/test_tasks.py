@@ -97,6 +97,12 @@ def test_a_child_names_its_parent_and_the_parent_budget_counts_the_childs_spend(
     assert call(client, "GET", f"/api/sessions/{session.id}", **auth).data["parent"] is None
     budget = call(client, "GET", f"/api/sessions/{session.id}/budget", **auth).data
     assert budget["spent"]["children"] == {"cost_usd": 0.25, "tokens": 150}
+    # In /lg/, the subagent is a thread whose metadata names its parent thread.
+    token = auth["HTTP_AUTHORIZATION"].split()[1]
+    thread = client.get(f"/lg/threads/{child_id}", HTTP_X_API_KEY=token).json()
+    assert thread["metadata"]["parent_thread_id"] == str(session.id)
+    assert thread["metadata"]["parent_task_id"] == str(task.id)
+    assert "parent_thread_id" not in client.get(f"/lg/threads/{session.id}", HTTP_X_API_KEY=token).json()["metadata"]
 
 
 def test_the_openapi_document_describes_tasks(client: Any) -> None:
