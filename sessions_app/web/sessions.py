@@ -256,6 +256,17 @@ def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+def task_cancel(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+    """A task card's Cancel: abort intent now, the cancelled receipt follows."""
+    task = actions.cancel_task(request.user, task_id)
+    if getattr(request, "htmx", False):
+        return HttpResponse(status=204)  # the card follows the log over the websocket
+    messages.info(request, "Cancelling the task: its process group is stopped within a second.")
+    return redirect("sessions:chat", session_id=task.session_id)
+
+
+@login_required
+@require_POST
 def session_retry(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     """Drive a blocked turn again now (the Retry button of a blocked session)."""
     htmx = bool(getattr(request, "htmx", False))

@@ -33,7 +33,7 @@ from sessions_app.runtime.owned.audit import tasks_audit
 from sessions_app.services import budgets
 from sessions_app.tools.builtins import workspace_dir
 from tests.fakes.fake_llm import Reply
-from tests.helpers import edit_profile, events, wait_for
+from tests.helpers import client_for, edit_profile, events, wait_for
 from tests.helpers import kinds as kinds_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
@@ -427,3 +427,22 @@ def test_stopping_the_parent_cancels_a_subagent_running_a_command_and_its_group(
     assert not (workspace_dir(child.id) / "marker.txt").exists()
     audits_hold(session)
     audits_hold(child)
+
+
+def test_the_chat_page_shows_a_task_card_whose_cancel_stops_it(
+    fake_llm: Any, session: Session, owner: Any, make_user: Any
+) -> None:
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=True), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    page = client_for(owner).get(f"/sessions/{session.id}/").content.decode()
+    assert f'data-task-id="{task.id}"' in page and "command task" in page and "sh -c sleep 30" in page
+    assert f"/tasks/{task.id}/cancel/" in page
+    stranger = client_for(make_user("stranger")).post(f"/tasks/{task.id}/cancel/")
+    assert stranger.status_code == 404 and Task.objects.get(id=task.id).abort_requested_at is None
+    response = client_for(owner).post(f"/tasks/{task.id}/cancel/")
+    assert response.status_code == 302
+    assert supervise.run_task(str(task.id)) == "cancelled"
+    page = client_for(owner).get(f"/sessions/{session.id}/").content.decode()
+    assert "cancelled" in page
