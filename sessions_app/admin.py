@@ -46,6 +46,7 @@ CHECKED_FIELDS: dict[str, Any] = {
     "approvals": dict,
     "context_windows": dict,
     "image_roles": list,
+    "command_allow": list,
 }
 
 
@@ -119,9 +120,16 @@ class AgentProfileForm(ProfileChecks):
             "schedule_max_runs",
             "schedule_expires_days",
             "upgrade_policy",
+            "command_allow",
+            "max_task_depth",
+            "max_live_children",
             "created_at",
         ]
         help_texts = {
+            "command_allow": 'Glob patterns argv[0] of a command task (task.start) must match, e.g. ["sh", "make"]; '
+            "empty: no command runs.",
+            "max_task_depth": "How deep a tree of subagents under a session of this profile may grow.",
+            "max_live_children": "How many live subagents one session of this profile may own at once.",
             "max_schedules": "Pending or paused schedules one session may hold (0: none).",
             "min_schedule_seconds": "The shortest recurrence a schedule of this profile may have.",
             "schedule_pause_after": "A schedule pauses itself after this many runs in a row without progress.",

@@ -150,6 +150,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "on_expiry": "deny",  # used only with an approval deadline (none here)
         "system_prompt": "",
         "upgrade_policy": "next_turn",
+        "command_allow": "[]",
+        "max_task_depth": "3",
+        "max_live_children": "8",
         # The page's inline (the profile's notification channels) sends its management form; none added here.
         "notify_settings-TOTAL_FORMS": "0",
         "notify_settings-INITIAL_FORMS": "0",
