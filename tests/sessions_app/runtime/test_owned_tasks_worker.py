@@ -244,3 +244,54 @@ def test_stop_of_the_parent_reaches_a_subagents_command_its_group_dies_and_no_ma
     assert not marker(child).exists()
     audits_hold(session)
     audits_hold(child)
+
+
+# --- SIGTERM and kill -9 elsewhere ---------------------------------------------------
+
+
+def test_sigterm_of_the_supervising_worker_kills_the_group_and_settles_the_task(
+    start_worker: Any, fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(
+        start(["sh", "-c", "sleep 30; echo done > marker.txt"], background=True),
+        Reply(text="started it"),
+        Reply(text="it was stopped"),
+    )
+    first = start_worker(name="a")
+    services.inject(session.id, "run it in the background", wake=True)
+    task = running(the_task(session))
+    wait_for(lambda: turn_ends(session) == ["completed"], 10, "the first turn's end")
+    first.terminate()  # a deploy's warm shutdown: the supervisor stops its group before the process goes
+    first.wait_exit(30)
+    task.refresh_from_db()
+    assert task.phase == "failed" and task.reason["code"] == "supervisor_lost"
+    assert not command.group_alive(task.pgid)
+    start_worker(name="b")  # the follow-up waits for a worker that stays
+    wait_for(lambda: turn_ends(session) == ["completed", "completed"], 20, "the parent told")
+    audits_hold(session)
+
+
+def test_kill_9_while_the_child_runs_its_turn_the_child_recovers_and_the_parent_completes(
+    start_worker: Any, fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    call = {"kind": "subagent", "profile": helper.name, "prompt": "think slowly", "background": False}
+    fake_llm.responder = by_conversation(
+        {
+            ("ask the helper", "user"): Reply(tool_calls=[("task.start", call)]),
+            ("ask the helper", "tool"): Reply(text="the helper answered"),
+            ("think slowly", "user"): Reply(text="done thinking", latency=3),
+        }
+    )
+    first = start_worker(name="a")
+    services.inject(session.id, "ask the helper", wake=True)
+    task = the_task(session)
+    wait_for(lambda: len(fake_llm.requests) >= 2, 15, "the child's model call")
+    first.kill()  # the child's turn dies mid-call; the parent is parked, holding nothing
+    start_worker(name="b")
+    wait_for(lambda: turn_ends(session) == ["completed"], 40, "the parent's end")
+    task.refresh_from_db()
+    assert task.phase == "done" and task.outcome == {"answer": "done thinking"}
+    child = Session.objects.get(id=task.child_session_id)
+    assert [e["status"] for e in events(child, "turn/end")] == ["completed"]
+    audits_hold(session)
+    audits_hold(child)
