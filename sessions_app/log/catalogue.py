@@ -964,7 +964,12 @@ CATALOGUE: dict[str, Kind] = {
         Kind(
             "task/waiting",
             _obj(
-                {"call_id": _NONEMPTY, "task_ids": {"type": "array", "items": _NONEMPTY}, "live": {"type": "integer"}},
+                {
+                    "call_id": _NONEMPTY,
+                    "task_ids": {"type": "array", "items": _NONEMPTY},
+                    "live": {"type": "integer"},
+                    "deadline_at": _STR,
+                },
                 ["call_id", "task_ids", "live"],
             ),
             False,
@@ -977,6 +982,22 @@ CATALOGUE: dict[str, Kind] = {
             _obj({"task_id": _NONEMPTY, "age_s": _SECS, "output": _STR}, ["task_id", "age_s"]),
             False,
             "A running task's progress (at most one every TERRET_TASK_PROGRESS_SECONDS): its age and its output tail.",
+        ),
+        Kind(
+            "task/wait_ended",
+            _obj(
+                {"call_id": _NONEMPTY, "reason": {"enum": ["timeout"]}, "live": {"type": "integer", "minimum": 0}},
+                ["call_id", "reason", "live"],
+            ),
+            False,
+            "A task.wait's `timeout_s` passed with `live` of its tasks still live: the wait ends (those come off "
+            "waiting_tasks, and the session is woken); the tasks go on, and the call's result is their state now.",
+            lambda d: [
+                (
+                    "waiting_tasks = CASE WHEN waiting_tasks > %s THEN waiting_tasks - %s ELSE 0 END",
+                    [int(d["live"]), int(d["live"])],
+                )
+            ],
         ),
         *(
             Kind(

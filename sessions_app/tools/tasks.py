@@ -100,10 +100,14 @@ DEFINITIONS = (
     ),
     Definition(
         "task.wait",
-        "Wait for tasks started earlier (by id) to end; returns each one's outcome.",
+        "Wait for tasks started earlier (by id) to end; returns each one's outcome (with timeout_s: each one's "
+        "state when the time is up, the live ones going on).",
         {
             "type": "object",
-            "properties": {"task_ids": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 32}},
+            "properties": {
+                "task_ids": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 32},
+                "timeout_s": {"type": "number", "minimum": 1, "description": "stop waiting after this many seconds"},
+            },
             "required": ["task_ids"],
             "additionalProperties": False,
         },

@@ -29,11 +29,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import UnknownTask
-from sessions_app.models import TASK_TERMINAL, Task
+from sessions_app.models import TASK_TERMINAL, Event, Task
 from sessions_app.runtime import admission, liveness
 from sessions_app.runtime.lease import owner_id, process_gone
 
@@ -167,16 +168,54 @@ def admit(
     return task, created
 
 
-def wait_on(tx: log.SessionTx, tasks: list[Task], call_id: str) -> int:
+def wait_on(tx: log.SessionTx, tasks: list[Task], call_id: str, *, timeout_s: float | None = None) -> int:
     """The open turn's call `call_id` waits on `tasks`: task/waiting counts
     the live ones into waiting_tasks (the turn parks while any is). The task
     rows are locked after the owner's row, as every writer here locks them."""
     turn_seq = tx.row["open_turn_seq"]
     locked = list(Task.objects.select_for_update().filter(id__in=[t.id for t in tasks]))
     live = [t for t in locked if t.receipt_seq is None]
-    tx.append("task/waiting", {"call_id": call_id, "task_ids": [str(t.id) for t in tasks], "live": len(live)})
+    data: dict[str, Any] = {"call_id": call_id, "task_ids": [str(t.id) for t in tasks], "live": len(live)}
+    if timeout_s is not None and live:
+        data["deadline_at"] = (timezone.now() + timedelta(seconds=timeout_s)).isoformat()
+    tx.append("task/waiting", data)
     Task.objects.filter(id__in=[t.id for t in live]).update(waiter_turn=turn_seq, waiter_call=call_id)
     return len(live)
+
+
+def end_wait(session_id: uuid.UUID | str, call_id: str) -> bool:
+    """A task.wait whose deadline passed stops waiting (task/wait_ended):
+    its still-live tasks come off waiting_tasks and are no longer waited on
+    (a later receipt of a background one comes as a follow-up), and the
+    session is woken. False when there is nothing to end."""
+    with log.locked(session_id) as tx:
+        turn_seq = tx.row["open_turn_seq"]
+        if turn_seq is None:
+            return False
+        seen = Event.objects.filter(session_id=tx.session_id, seq__gte=turn_seq, data__call_id=call_id)
+        if not seen.filter(kind="task/waiting").exists() or seen.filter(kind="task/wait_ended").exists():
+            return False
+        live = Task.objects.select_for_update().filter(
+            session_id=tx.session_id, waiter_turn=turn_seq, waiter_call=call_id, receipt_seq__isnull=True
+        )
+        ids = [t.id for t in live]
+        tx.append("task/wait_ended", {"call_id": call_id, "reason": "timeout", "live": len(ids)})
+        Task.objects.filter(id__in=ids).update(waiter_turn=None, waiter_call="")
+        wake_on_commit(tx.session_id)
+    return True
+
+
+def expired_waits(limit: int = 100) -> list[tuple[uuid.UUID, str]]:
+    """(session, call) of open turns' task.wait calls whose deadline passed."""
+    now = timezone.now().isoformat()
+    rows = Event.objects.filter(
+        kind="task/waiting",
+        session__waiting_tasks__gt=0,
+        session__open_turn_seq__isnull=False,
+        seq__gte=F("session__open_turn_seq"),
+        data__has_key="deadline_at",
+    ).values_list("session_id", "data")[:limit]
+    return [(sid, str(data["call_id"])) for sid, data in rows if str(data["deadline_at"]) <= now]
 
 
 # -- the supervisor's claim and lease

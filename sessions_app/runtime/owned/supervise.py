@@ -100,6 +100,8 @@ def reap() -> int:
     moved += _unowned()
     moved += _restart()
     moved += _children()
+    for session_id, call_id in store.expired_waits(REAP_BATCH):
+        moved += store.end_wait(session_id, call_id)
     return moved
 
 

@@ -47,7 +47,10 @@ def answer(
     """The result of a task.start or task.wait call, or None: it waits."""
     waiting = next((e for e in events if e.kind == "task/waiting" and e.data.get("call_id") == call_id), None)
     if waiting is not None:
-        return _settled(session_id, [str(t) for t in waiting.data["task_ids"]], single=name == "task.start")
+        ids = [str(t) for t in waiting.data["task_ids"]]
+        if any(e.kind == "task/wait_ended" and e.data.get("call_id") == call_id for e in events):
+            return _as_they_stand(session_id, ids)  # its timeout passed: the state of each now
+        return _settled(session_id, ids, single=name == "task.start")
     try:
         if name == "task.start":
             return _start(session_id, fence, profile, call_id, args)
@@ -64,6 +67,12 @@ def _settled(session_id: uuid.UUID, task_ids: list[str], *, single: bool) -> Ans
     body: Any = results[0] if single and results else results
     failed = single and bool(results) and results[0]["phase"] != "done"
     return Answer(json.dumps(body, ensure_ascii=False), failed)
+
+
+def _as_they_stand(session_id: uuid.UUID, task_ids: list[str]) -> Answer:
+    tasks = {str(t.id): t for t in Task.objects.filter(session_id=session_id, id__in=task_ids)}
+    shown = [store.result_of(tasks[tid]) for tid in task_ids if tid in tasks]
+    return Answer(json.dumps({"timed_out": True, "tasks": shown}, ensure_ascii=False))
 
 
 def _start(
@@ -119,8 +128,11 @@ def _wait(session_id: uuid.UUID, fence: Fence, call_id: str, args: dict[str, Any
     if unknown:
         raise TaskRefused(f"no task {unknown[0]!r} in this session")
     found = [rows[w] for w in dict.fromkeys(wanted) if w]
+    timeout = args.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise TaskRefused("timeout_s must be a positive number of seconds")
     with log.locked(session_id, fence=fence) as tx:
-        live = store.wait_on(tx, found, call_id)
+        live = store.wait_on(tx, found, call_id, timeout_s=float(timeout) if timeout is not None else None)
     if live:
         return None
     return _settled(session_id, [str(t.id) for t in found], single=False)

@@ -222,7 +222,11 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"task_id": "t", "kind": "command", "version": 1, "background": True, "call_id": "c", "argv": ["sh"]},
         {"task_id": "t", "kind": "subagent", "version": 1, "background": False, "profile": "p", "child_session": "s"},
     ],
-    "task/waiting": [{"call_id": "c", "task_ids": ["t"], "live": 1}, {"call_id": "c", "task_ids": ["t"], "live": 0}],
+    "task/waiting": [
+        {"call_id": "c", "task_ids": ["t"], "live": 1},
+        {"call_id": "c", "task_ids": ["t"], "live": 0, "deadline_at": "2026-12-05T10:00:00+00:00"},
+    ],
+    "task/wait_ended": [{"call_id": "c", "reason": "timeout", "live": 2}],
     "task/progress": [{"task_id": "t", "age_s": 1.5, "output": "so far"}, {"task_id": "t", "age_s": 0}],
     "task/completed": [
         {"task_id": "t", "kind": "command", "waited": True, "outcome": {"exit_code": 0, "output": ""}},
@@ -365,6 +369,7 @@ INVALID: dict[str, list[Any]] = {
     "task/started": [{"task_id": "t", "kind": "command", "version": 0, "background": True}, {"task_id": "t"}],
     "task/waiting": [{"call_id": "c", "task_ids": ["t"]}, {"call_id": "", "task_ids": [], "live": 0}],
     "task/progress": [{"task_id": "t"}, {"task_id": "t", "age_s": -1}],
+    "task/wait_ended": [{"call_id": "c", "reason": "late", "live": 1}, {"call_id": "c", "reason": "timeout"}],
     "task/completed": [{"task_id": "t", "kind": "command"}, {"task_id": "", "kind": "command", "waited": True}],
     "task/failed": [{"task_id": "t", "waited": True}],
     "task/cancelled": [{"task_id": "t", "kind": "command", "waited": "yes"}],

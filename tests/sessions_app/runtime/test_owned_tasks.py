@@ -446,3 +446,30 @@ def test_the_chat_page_shows_a_task_card_whose_cancel_stops_it(
     assert supervise.run_task(str(task.id)) == "cancelled"
     page = client_for(owner).get(f"/sessions/{session.id}/").content.decode()
     assert "cancelled" in page
+
+
+def test_task_wait_with_a_timeout_ends_the_wait_and_the_task_goes_on(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(start(["sh", "-c", "echo late"], background=True), Reply(text="started"))
+    services.run_turn(session.id, "start")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    fake_llm.script(
+        Reply(tool_calls=[("task.wait", {"task_ids": [str(task.id)], "timeout_s": 1})]), Reply(text="gave up waiting")
+    )
+    services.run_turn(session.id, "wait a second")
+    assert drive(session.id) == "parked"
+    supervise.reap()
+    assert status(session) == "waiting_task"  # not yet due
+    time.sleep(1.2)
+    supervise.reap()
+    (ended,) = events(session, "task/wait_ended")
+    assert ended == {"call_id": ended["call_id"], "reason": "timeout", "live": 1}
+    assert Session.objects.get(id=session.id).waiting_tasks == 0
+    assert drive(session.id) == "ended"
+    waited = json.loads(results(session)[-1]["content"])
+    assert waited == {"timed_out": True, "tasks": [{"task_id": str(task.id), "phase": "pending"}]}
+    # The task goes on; no longer waited on, its end comes as a follow-up.
+    assert supervise.run_task(str(task.id)) == "done"
+    (follow_up,) = events(session, "input/deferred")
+    assert follow_up["task_id"] == str(task.id)
+    audits_hold(session)
