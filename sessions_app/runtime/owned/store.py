@@ -254,8 +254,8 @@ def claim(task_id: uuid.UUID | str, *, takeover: bool = False) -> Claim | None:
         if task is None:
             return None
         before = task.phase
-        if before == "pending":
-            pass
+        if before == "pending" or (before == "blocked" and task.abort_requested_at is not None):
+            pass  # a fresh start; or a blocked task's abort, settled without running anything
         elif not takeover or before == "blocked" or not _supervisor_gone(task):
             return None
         now = timezone.now()

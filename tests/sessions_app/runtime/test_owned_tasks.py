@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from prometheus_client import generate_latest
 
 from sessions_app import actions, services
 from sessions_app.models import AgentProfile, Session, Task
@@ -30,8 +31,10 @@ from sessions_app.runtime.drive import drive
 from sessions_app.runtime.effects import effects_audit
 from sessions_app.runtime.owned import command, kinds, store, supervise
 from sessions_app.runtime.owned.audit import tasks_audit
-from sessions_app.services import budgets
+from sessions_app.services import budgets, operators
+from sessions_app.services import sessions as session_services
 from sessions_app.tools.builtins import workspace_dir
+from terret_site.metrics import REGISTRY
 from tests.fakes.fake_llm import Reply
 from tests.helpers import client_for, edit_profile, events, wait_for
 from tests.helpers import kinds as kinds_of
@@ -472,4 +475,38 @@ def test_task_wait_with_a_timeout_ends_the_wait_and_the_task_goes_on(fake_llm: A
     assert supervise.run_task(str(task.id)) == "done"
     (follow_up,) = events(session, "input/deferred")
     assert follow_up["task_id"] == str(task.id)
+    audits_hold(session)
+
+
+def test_ops_lists_live_blocked_and_orphaned_tasks_and_metrics_count_them(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(
+        start(["sh", "-c", "echo one"], background=True),
+        start(["sh", "-c", "echo two"], background=True),
+        Reply(text="ok"),
+    )
+    services.run_turn(session.id, "two")
+    drive(session.id)
+    first, second = Task.objects.order_by("created_at")
+    supervise.run_task(str(first.id))
+    kinds.uninstall("command", 1)
+    try:
+        supervise.run_task(str(second.id))
+    finally:
+        kinds.install(command.KIND)
+    found = operators.attention()
+    assert [i.detail["task"]["id"] for i in found["tasks_blocked"]] == [str(second.id)]
+    assert [i.detail["task"]["id"] for i in found["tasks_live"]] == []
+    assert found["tasks_orphaned"] == []
+    session_services.archive_session(session.id, by="owner")  # its live task is an orphan until the reaper ends it
+    assert [i.detail["task"]["id"] for i in operators.attention()["tasks_orphaned"]] == [str(second.id)]
+    text = generate_latest(REGISTRY).decode()
+    assert 'terret_tasks{kind="command",phase="done"} 1.0' in text
+    assert 'terret_tasks{kind="command",phase="blocked"} 1.0' in text
+    # An abort settles a blocked task without running anything (its kind is still missing here).
+    kinds.uninstall("command", 1)
+    try:
+        assert supervise.run_task(str(second.id)) == "cancelled"
+    finally:
+        kinds.install(command.KIND)
+    assert operators.attention()["tasks_orphaned"] == []
     audits_hold(session)
