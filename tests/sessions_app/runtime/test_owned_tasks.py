@@ -510,3 +510,24 @@ def test_ops_lists_live_blocked_and_orphaned_tasks_and_metrics_count_them(fake_l
         kinds.install(command.KIND)
     assert operators.attention()["tasks_orphaned"] == []
     audits_hold(session)
+
+
+def test_a_held_outcome_whose_supervisor_died_before_the_receipt_is_committed_by_the_reaper(
+    fake_llm: Any, session: Session
+) -> None:
+    fake_llm.script(start(["sh", "-c", "echo held"], background=True), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    claim = store.claim(task.id)
+    assert claim is not None
+    outcome = {"exit_code": 0, "output": "held\n"}
+    assert store.hold(task.id, claim.generation, "done", outcome, None)  # then the supervisor dies
+    assert Task.objects.get(id=task.id).phase == "completing" and events(session, "task/completed") == []
+    Task.objects.filter(id=task.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    supervise.reap()
+    task.refresh_from_db()
+    assert task.phase == "done" and task.outcome == outcome  # the held outcome, final, committed once
+    (receipt,) = events(session, "task/completed")
+    assert receipt["outcome"] == outcome and receipt["generation"] == claim.generation + 1
+    audits_hold(session)
