@@ -531,3 +531,14 @@ def test_a_held_outcome_whose_supervisor_died_before_the_receipt_is_committed_by
     (receipt,) = events(session, "task/completed")
     assert receipt["outcome"] == outcome and receipt["generation"] == claim.generation + 1
     audits_hold(session)
+
+
+def test_the_ops_page_shows_a_live_task_with_cancel(fake_llm: Any, session: Session, make_user: Any) -> None:
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=True), Reply(text="ok"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    staff = make_user("ops", is_staff=True)
+    page = client_for(staff).get("/ops/").content.decode()
+    assert "Live tasks" in page and f"command task <code>{str(task.id)[:8]}</code>, pending, background" in page
+    assert f"/tasks/{task.id}/cancel/" in page
