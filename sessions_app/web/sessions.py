@@ -121,6 +121,9 @@ def _chat_context(
         "form": form or MessageForm(),
         "chat_url": url,
         "empty_chat": not session.turns and not session.last_input_seq,
+        # The session's live tasks (owned work: runtime/owned/), as of the page's load.
+        "live_tasks": [actions.task_json(t) for t in actions.list_tasks(request.user, session.id) if t.live],
+        "parent": actions.session_parent(session),
         **composer_context(),
     }
 

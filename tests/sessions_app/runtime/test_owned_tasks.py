@@ -350,6 +350,9 @@ def test_a_foreground_subagent_parks_the_parent_and_its_answer_completes_the_par
     sent = fake_llm.requests[2]["messages"][-1]
     assert sent["role"] == "tool" and json.loads(sent["content"])["outcome"] == {"answer": "4"}
 
+    page = client_for(owner).get(f"/sessions/{child.id}/").content.decode()
+    assert "A subagent of" in page and f"/sessions/{session.id}/" in page  # parent and child link each other
+    assert f"/sessions/{child.id}/" in client_for(owner).get(f"/sessions/{session.id}/").content.decode()
     detail = actions.session_detail(owner, child.id).as_json()
     assert detail["parent"] == {"session_id": str(session.id), "task_id": str(task.id)}
     assert actions.session_detail(owner, session.id).as_json()["parent"] is None
@@ -442,13 +445,14 @@ def test_the_chat_page_shows_a_task_card_whose_cancel_stops_it(
     page = client_for(owner).get(f"/sessions/{session.id}/").content.decode()
     assert f'data-task-id="{task.id}"' in page and "command task" in page and "sh -c sleep 30" in page
     assert f"/tasks/{task.id}/cancel/" in page
+    assert 'id="tasks-panel"' in page and "Live tasks" in page  # the session shows its live background tasks
     stranger = client_for(make_user("stranger")).post(f"/tasks/{task.id}/cancel/")
     assert stranger.status_code == 404 and Task.objects.get(id=task.id).abort_requested_at is None
     response = client_for(owner).post(f"/tasks/{task.id}/cancel/")
     assert response.status_code == 302
     assert supervise.run_task(str(task.id)) == "cancelled"
     page = client_for(owner).get(f"/sessions/{session.id}/").content.decode()
-    assert "cancelled" in page
+    assert "cancelled" in page and "Live tasks" not in page
 
 
 def test_task_wait_with_a_timeout_ends_the_wait_and_the_task_goes_on(fake_llm: Any, session: Session) -> None:
