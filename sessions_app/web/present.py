@@ -65,6 +65,7 @@ TASK_PHASES = {
     "task/failed": "failed",
     "task/cancelled": "cancelled",
     "task/blocked": "blocked",
+    "task/wait_ended": "no longer waited on",
 }
 # Kinds whose text is shown as Markdown.
 MARKDOWN_KINDS = frozenset({"user/message", "context/injected", "input/queued", "input/deferred", "assistant/message"})
