@@ -49,6 +49,7 @@ CHECKED_FIELDS: dict[str, Any] = {
     "approvals": dict,
     "context_windows": dict,
     "image_roles": list,
+    "command_allow": list,
 }
 
 
@@ -189,6 +190,9 @@ class AgentProfileForm(ProfileChecks):
             "max_passive_inputs",
             "cold_after_days",
             "delete_cold_after_days",
+            "command_allow",
+            "max_task_depth",
+            "max_live_children",
             "created_at",
         ]
         help_texts = {
@@ -199,6 +203,10 @@ class AgentProfileForm(ProfileChecks):
             "hot). A touch reads it back (docs/storage.md).",
             "delete_cold_after_days": "Delete a cold session's archived events this many days after they moved "
             "(blank: keep them).",
+            "command_allow": 'Glob patterns argv[0] of a command task (task.start) must match, e.g. ["sh", "make"]; '
+            "empty: no command runs.",
+            "max_task_depth": "How deep a tree of subagents under a session of this profile may grow.",
+            "max_live_children": "How many live subagents one session of this profile may own at once.",
             "max_schedules": "Pending or paused schedules one session may hold (0: none).",
             "min_schedule_seconds": "The shortest recurrence a schedule of this profile may have.",
             "schedule_pause_after": "A schedule pauses itself after this many runs in a row without progress.",
@@ -387,6 +395,7 @@ class StatusFilter(admin.SimpleListFilter):
             ("idle", "idle"),
             ("running", "running"),
             ("waiting_approval", "waiting for approval"),
+            ("waiting_task", "waiting for its tasks"),
             ("waiting_reconcile", "waiting for an operator"),
             ("blocked", "blocked"),
             ("waiting_slot", "waiting for an agent slot"),
@@ -399,7 +408,13 @@ class StatusFilter(admin.SimpleListFilter):
             case "idle":
                 return queryset.filter(open_turn_seq__isnull=True)
             case "running":
-                return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0)
+                return queryset.filter(
+                    open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0, waiting_tasks=0
+                )
+            case "waiting_task":
+                return queryset.filter(
+                    open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals=0, waiting_tasks__gt=0
+                )
             case "waiting_approval":
                 return queryset.filter(open_turn, blocked_seq__isnull=True, unknown_effects=0, pending_approvals__gt=0)
             case "waiting_reconcile":

@@ -14,8 +14,15 @@ class SessionsAppConfig(AppConfig):
         # registry is still loading, before any module that touches models
         # can be imported.
         from sessions_app.monitors import run as monitor_run  # local, as the ones above: models load first
-        from sessions_app.runtime import codever, documents, hooks, versions
-        from sessions_app.services import compaction, monitors, schedules
+        from sessions_app.runtime import codever, dispatch, documents, hooks, inprocess, versions
+        from sessions_app.runtime.owned import store as owned_store  # local: see above
+        from sessions_app.runtime.owned import subagent, supervise  # local: see above
+        from sessions_app.services import (  # local: see above
+            compaction,
+            inputs,  # local: see above
+            monitors,
+            schedules,
+        )
         from sessions_app.services.post_turn import post_turn
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)
@@ -25,6 +32,10 @@ class SessionsAppConfig(AppConfig):
         documents.register_tools()  # workspace.* read and write the session's documents
         monitors.register_agent_tools()
         hooks.register_clock(monitor_run.tick)  # monitors' periods, on every worker's clock thread
+        supervise.setup()  # task kinds, the reaper on the clock, the task tools' backend
+        owned_store.use_dispatch(dispatch.start_task, dispatch.wake)
+        inprocess.use_task_runner(supervise.start)
+        subagent.use_stopper(inputs.cancel)  # a cancelled subagent's child gets the Stop a person has
         # Every save of a profile records a version if its definition changed.
         post_save.connect(versions.on_profile_saved, sender="sessions_app.AgentProfile", dispatch_uid="agent_versions")
 

@@ -454,3 +454,22 @@ def as_error(exc: BaseException) -> TerretError:
 def error_body(exc: TerretError) -> dict[str, Any]:
     """The one JSON rendering of an error: {code, message}, on every door."""
     return {"code": exc.code, "message": str(exc) or exc.code.replace("_", " ")}
+
+
+# ---------------------------------------------------------------- owned work
+
+
+class UnknownTask(TerretError):
+    """No task of that id that the caller may see (runtime/owned/)."""
+
+    code = "unknown_task"
+    status = 404
+
+
+class TaskRefused(InvalidInput):
+    """A task.start the profile does not allow: a command whose argv[0] no
+    command_allow pattern matches, a subagent past the depth or live-children
+    bound. Nothing was started."""
+
+    code = "task_refused"
+    status = 422

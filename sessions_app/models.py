@@ -137,6 +137,15 @@ class AgentProfile(models.Model):
     cold_after_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     delete_cold_after_days = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     system_prompt = models.TextField(blank=True)
+    # Owned work (runtime/owned/): the argv[0] glob patterns a `command` task
+    # may run (none by default, so nothing runs), and the bounds on subagents:
+    # how deep a tree of child sessions may grow, and how many live children
+    # one session may own.
+    command_allow = models.JSONField(
+        default=list, blank=True, help_text='Glob patterns argv[0] of a command task must match, e.g. ["sh", "make"]'
+    )
+    max_task_depth = models.PositiveIntegerField(default=3)
+    max_live_children = models.PositiveIntegerField(default=8)
     created_at = models.DateTimeField(default=timezone.now)
     # When a session moves to the profile's newest version (AgentVersion):
     # at its next turn's opening, or only when an owner or operator upgrades it.
@@ -241,6 +250,11 @@ class Session(models.Model):
     # closed: what /ops/ and /metrics show until an operator answers. No
     # turn/end starts it over.
     unresolved_effects = models.IntegerField(default=0)
+    # Owned tasks the open turn waits on (task/waiting adds the live ones, each
+    # waited task's terminal receipt takes one off; turn/end starts it over):
+    # while any is, the turn is parked in status waiting_task, holding no
+    # worker and no lease (runtime/owned/).
+    waiting_tasks = models.IntegerField(default=0)
 
     # The session's budget (its latest budget/updated; None: no limit) and
     # the turns it opened, beside the usage totals above (runtime/limits.py).
@@ -335,7 +349,7 @@ class Session(models.Model):
 
     @property
     def status(self) -> str:
-        """idle, running, waiting_approval, waiting_reconcile, blocked, suspended or revoked (an open
+        """idle, running, waiting_approval, waiting_task, waiting_reconcile, blocked, suspended or revoked (an open
         turn held by an operator), derived from the log's projections."""
         if self.open_turn_seq is None:
             return "idle"
@@ -349,6 +363,8 @@ class Session(models.Model):
             return "waiting_reconcile"
         if self.pending_approvals > 0:
             return "waiting_approval"
+        if self.waiting_tasks > 0:
+            return "waiting_task"
         return "running"
 
 
@@ -751,6 +767,76 @@ class EffectAudit(models.Model):
         return f"{self.session_id}: {len(self.problems)} problem(s) at seq {self.audited_seq}"
 
 
+# --- owned work (runtime/owned/, docs/protocol.md "Tasks") -------------------
+# pending: admitted, no supervisor yet; running: a supervisor holds its lease;
+# waiting: parked on an explicit wait; completing: the outcome is held, the
+# terminal receipt not yet committed; done, failed, cancelled: the terminal
+# receipt is in the owner's log (receipt_seq); blocked: its kind or version is
+# not installed in the running code (never dropped: it stays live and visible).
+TASK_PHASES = ("pending", "running", "waiting", "completing", "done", "failed", "cancelled", "blocked")
+TASK_TERMINAL = ("done", "failed", "cancelled")
+TASK_LIVE = ("pending", "running", "waiting", "completing", "blocked")
+
+
+class Task(models.Model):
+    """One unit of owned work: a typed phase machine with a durable
+    checkpoint, owned by a session (and the turn that started it). Its
+    `generation` fences every write of its supervisor the way lease_gen
+    fences a turn's appends: a takeover bumps it, and the old supervisor's
+    writes then match no row."""
+
+    PHASES = [(p, p) for p in TASK_PHASES]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tasks")
+    turn_seq = models.BigIntegerField()
+    # The tool call that started it: a resumed task.start finds its task here.
+    call_id = models.CharField(max_length=200)
+    kind = models.CharField(max_length=64)
+    version = models.PositiveIntegerField(default=1)
+    background = models.BooleanField(default=False)
+    phase = models.CharField(max_length=16, choices=PHASES, default="pending")
+    spec = models.JSONField(default=dict)  # what the kind runs: argv and timeout, or profile and prompt
+    checkpoint = models.JSONField(default=dict, blank=True)
+    generation = models.BigIntegerField(default=0)
+    supervisor = models.CharField(max_length=200, blank=True)  # lease.owner_id() of its supervisor
+    supervisor_process = models.IntegerField(null=True, blank=True)  # its liveness key (PostgreSQL)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    host = models.CharField(max_length=200, blank=True)  # where its process runs
+    pgid = models.IntegerField(null=True, blank=True)  # the process group a cancel or a reaper kills
+    abort_requested_at = models.DateTimeField(null=True, blank=True)
+    abort_reason = models.CharField(max_length=200, blank=True)
+    outcome = models.JSONField(null=True, blank=True)  # held at `completing`, final at the receipt
+    reason = models.JSONField(null=True, blank=True)  # why it failed, was cancelled or is blocked
+    output_tail = models.TextField(blank=True)  # a running command's output so far (bounded)
+    receipt_seq = models.BigIntegerField(null=True, blank=True)  # its terminal receipt in the owner's log
+    # The open turn and call parked on it (task.start foreground, task.wait).
+    waiter_turn = models.BigIntegerField(null=True, blank=True)
+    waiter_call = models.CharField(max_length=200, blank=True)
+    child_session = models.OneToOneField(
+        Session, on_delete=models.SET_NULL, null=True, blank=True, related_name="parent_task"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [models.UniqueConstraint(fields=["session", "call_id"], name="task_per_call")]
+        indexes = [
+            # The reaper and /ops/ read only live tasks.
+            models.Index(fields=["phase"], condition=models.Q(receipt_seq__isnull=True), name="task_live"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} task {self.id} ({self.phase})"
+
+    @property
+    def live(self) -> bool:
+        return self.receipt_seq is None
+
+
 # --- notifications (docs/notifications.md) ------------------------------------
 # Settings: a person's (`PersonNotifications`: email on or off, a webhook URL
 # and its secret), and a profile's (`ProfileNotifications`: which channels its
@@ -898,6 +984,8 @@ class DocumentVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id} v{self.version}"
+
+
 # -- monitors: recurring collection with coverage and a delivery ledger (seed 003) --------
 
 MONITOR_STATUSES = ("active", "cancelled")

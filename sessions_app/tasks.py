@@ -31,9 +31,10 @@ from django.db import connection
 from sessions_app.llm import openai
 from sessions_app.notify import delivery
 from sessions_app.runtime import counters, lifecycle, liveness, schedules
-from sessions_app.runtime.dispatch import DRIVE_TASK, SWEEP_TASK, send_drive
+from sessions_app.runtime.dispatch import DRIVE_TASK, RUN_TASK, SWEEP_TASK, send_drive
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.owned import supervise
 from sessions_app.runtime.sweep import sweep, sweep_round
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,14 @@ def drive_session(session_id: str, sent_at: float | None = None) -> str:
 
 
 LEFT_RESEND_SECONDS = 0.5
+
+
+@shared_task(name=RUN_TASK, ignore_result=True)
+def run_task(task_id: str) -> str:
+    # The supervision runs on a thread of its own (a long command holds no
+    # worker slot); a second start finds the task claimed and does nothing.
+    supervise.start(task_id)
+    return "started"
 
 
 @shared_task(name=SWEEP_TASK, ignore_result=True)

@@ -50,8 +50,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sessions_app.models import (
     EDITION_STATUSES,
     NOTIFY_STATUSES,
-    ColdSegment,
     SCAN_COVERAGE,
+    ColdSegment,
     DeliveryLedger,
     Edition,
     EffectAudit,
@@ -61,6 +61,7 @@ from sessions_app.models import (
     RuntimeCounter,
     Session,
     SourceScan,
+    Task,
     TurnTally,
     UsageDay,
     WorkerProcess,
@@ -125,6 +126,19 @@ class DatabaseCollector(Collector):
         yield from self._effects_audit()
         yield self._notifications()
         yield from self._monitors()
+        yield self._tasks()
+
+    def _tasks(self) -> Metric:
+        rows = Task.objects.values_list("kind", "phase").annotate(n=Count("pk")).order_by("kind", "phase")
+        by_phase = GaugeMetricFamily(
+            "terret_tasks",
+            "Owned tasks by kind and phase (runtime/owned/): live phases are pending, running, waiting, "
+            "completing and blocked; done, failed and cancelled have their terminal receipt.",
+            labels=["kind", "phase"],
+        )
+        for kind, phase, n in rows:
+            by_phase.add_metric([kind, phase], _int(n))
+        return by_phase
 
     def _effects_audit(self) -> Iterable[Metric]:
         audit = EffectAudit.objects.filter(found__gt=0).aggregate(

@@ -245,6 +245,16 @@ TERRET_SCHEDULE_ROUND = env_int("TERRET_SCHEDULE_ROUND", 200, minimum=1)
 # such default; a profile's own fields override them, a request may set its own).
 TERRET_SCHEDULE_MAX_RUNS = env_limit("TERRET_SCHEDULE_MAX_RUNS", default=1000)
 TERRET_SCHEDULE_EXPIRES_DAYS = env_limit("TERRET_SCHEDULE_EXPIRES_DAYS", default=90)
+# Owned work (runtime/owned/): a command task's wall-clock ceiling (a call's
+# timeout_s is capped to it; 600 s when it names none), the bytes of its
+# output tail kept (the rest is dropped from the front), how often a running
+# task's progress is logged (task/progress), and how often its supervisor
+# renews its lease and looks for an abort (a cancel kills the group within it).
+TERRET_TASK_MAX_SECONDS = env_float("TERRET_TASK_MAX_SECONDS", 3600.0, minimum=1.0)
+TERRET_TASK_DEFAULT_SECONDS = env_float("TERRET_TASK_DEFAULT_SECONDS", 600.0, minimum=1.0)
+TERRET_TASK_OUTPUT_BYTES = env_int("TERRET_TASK_OUTPUT_BYTES", 16384, minimum=256)
+TERRET_TASK_PROGRESS_SECONDS = env_float("TERRET_TASK_PROGRESS_SECONDS", 10.0, minimum=0.5)
+TERRET_TASK_POLL_SECONDS = env_float("TERRET_TASK_POLL_SECONDS", 0.5, minimum=0.05)
 TERRET_WORKSPACE_ROOT = Path(env_str("TERRET_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")) or VAR_DIR)
 TERRET_LLM_BASE_URL = env_url("TERRET_LLM_BASE_URL", "https://openrouter.ai/api/v1", schemes={"http", "https"})
 TERRET_LLM_API_KEY = env_str("TERRET_LLM_API_KEY") or env_str("OPENROUTER_API_KEY") or ""

@@ -32,6 +32,7 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - schedules.py: list_schedules, create_schedule, cancel_schedule
 - monitors.py: list_monitors, create_monitor, monitor, monitor_editions,
   cancel_monitor, resolve_edition
+- tasks.py: list_tasks, task_detail, cancel_task (owned work; task_json shapes a Task)
 - approvals.py: decide
 - policies.py: set_policy, ask_again
 - effects.py: effects, resolve
@@ -114,6 +115,7 @@ from sessions_app.actions.sessions import (
     unarchive,
     usable_profiles,
 )
+from sessions_app.actions.tasks import cancel_task, list_tasks, session_parent, task_detail, task_json
 from sessions_app.actions.versions import (
     newest_version,
     profile_versions,
@@ -137,6 +139,7 @@ __all__ = [
     "cancel",
     "cancel_monitor",
     "cancel_schedule",
+    "cancel_task",
     "chat_rows",
     "compact",
     "create_monitor",
@@ -159,6 +162,7 @@ __all__ = [
     "list_monitors",
     "list_profiles",
     "list_schedules",
+    "list_tasks",
     "live_state",
     "monitor",
     "monitor_editions",
@@ -179,6 +183,7 @@ __all__ = [
     "session_action",
     "session_detail",
     "session_for",
+    "session_parent",
     "session_version",
     "set_budget",
     "set_model",
@@ -187,6 +192,8 @@ __all__ = [
     "set_storage",
     "socket_access",
     "suspend",
+    "task_detail",
+    "task_json",
     "timeline",
     "unarchive",
     "upgrade",

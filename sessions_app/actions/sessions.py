@@ -21,6 +21,7 @@ from sessions_app.services import budgets as budget_services
 from sessions_app.services import compaction
 from sessions_app.services import sessions as session_services
 from sessions_app.services import storage as storage_services
+from sessions_app.services import tasks as task_services
 from sessions_app.services import versions as version_services
 from sessions_app.services.operators import turn_progress
 from sessions_app.services.versions import SessionVersion
@@ -81,6 +82,7 @@ class SessionDetail:
     budget: dict[str, Any]
     progress: Any  # services.operators.turn_progress: the open turn's progress
     version: SessionVersion | None = None
+    parent: dict[str, str] | None = None  # a subagent's child session: {session_id, task_id}
 
     def as_json(self) -> dict[str, Any]:
         session, totals = self.session, self.usage
@@ -102,6 +104,7 @@ class SessionDetail:
             "progress": self.progress.as_json(),
             "version": self.version.as_json() if self.version is not None else None,
             "storage": storage_services.storage_of(session),
+            "parent": self.parent,
         }
 
 
@@ -115,6 +118,7 @@ def session_detail(user: Any, session_id: Any) -> SessionDetail:
         budget=budget_services.budget_of(session.id),
         progress=turn_progress(session),
         version=version_services.version_of(session),
+        parent=task_services.parent_of(session.id),
     )
 
 

@@ -35,8 +35,11 @@ assert set(RESOLUTIONS) == {"rerun", "done", "failed"}  # keep the Literal in st
 # parked), waiting_reconcile (an attempt of the open turn has an unknown
 # outcome and waits for an operator; see /effects), blocked (the open turn
 # stopped retrying by itself; see /retry), suspended or revoked (an operator
-# holds the open turn's session: services/operators.py).
-Status = Literal["idle", "running", "waiting_approval", "waiting_reconcile", "blocked", "suspended", "revoked"]
+# holds the open turn's session: services/operators.py), waiting_task (the open
+# turn is parked on owned tasks until their terminal receipts: runtime/owned/).
+Status = Literal[
+    "idle", "running", "waiting_approval", "waiting_task", "waiting_reconcile", "blocked", "suspended", "revoked"
+]
 EffectState = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
 BudgetName = Literal["cost_usd", "tokens", "steps", "turns"]
 BudgetScope = Literal["session", "profile", "global"]

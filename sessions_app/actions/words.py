@@ -13,6 +13,7 @@ STATUS_LABELS = {
     "idle": "idle",
     "running": "running",
     "waiting_approval": "waiting for approval",
+    "waiting_task": "waiting for its tasks",
     "waiting_reconcile": "waiting for an operator",
     "suspended": "suspended by an operator",
     "revoked": "revoked",

@@ -36,7 +36,8 @@ STATUS_FILTERS: dict[str, Q] = {
     "blocked": _OPEN & Q(revoked_seq__isnull=True, suspended_seq__isnull=True, blocked_seq__isnull=False),
     "waiting_reconcile": _OPEN & ~_HELD & Q(unknown_effects__gt=0),
     "waiting_approval": _OPEN & ~_HELD & Q(unknown_effects__lte=0, pending_approvals__gt=0),
-    "running": _OPEN & ~_HELD & Q(unknown_effects__lte=0, pending_approvals__lte=0),
+    "waiting_task": _OPEN & ~_HELD & Q(unknown_effects__lte=0, pending_approvals__lte=0, waiting_tasks__gt=0),
+    "running": _OPEN & ~_HELD & Q(unknown_effects__lte=0, pending_approvals__lte=0, waiting_tasks__lte=0),
 }
 
 

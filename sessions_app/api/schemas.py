@@ -199,6 +199,11 @@ class BudgetLimitOut(Schema):
     turns: int | None
 
 
+class ChildrenSpentOut(Schema):
+    cost_usd: float
+    tokens: int
+
+
 class BudgetSpentOut(Schema):
     """What the session has spent over its whole life."""
 
@@ -209,6 +214,10 @@ class BudgetSpentOut(Schema):
     unpriced: int = Field(
         description="usage entries of unknown price: while above 0 a cost budget cannot be enforced and counts "
         "as exhausted (unpriced is never $0)"
+    )
+    children: ChildrenSpentOut = Field(
+        description="what its subagents' child sessions spent, at any depth: counted against this session's cost "
+        "and token budgets too"
     )
 
 
@@ -251,6 +260,11 @@ class ProgressOut(Schema):
     tools_in_flight: list[ToolInFlightOut]
 
 
+class ParentOut(Schema):
+    session_id: str
+    task_id: str
+
+
 class SessionOut(Schema):
     id: str
     profile: str | None
@@ -272,6 +286,7 @@ class SessionOut(Schema):
     budget: BudgetOut = Field(description="as GET …/budget answers")
     progress: ProgressOut = Field(description="what the open turn has done lately (docs/runtime.md, liveness)")
     version: VersionOut | None = Field(description="null: the session names no profile")
+    parent: ParentOut | None = Field(None, description="a subagent's child session: the parent and its task")
     storage: StorageOut = Field(description="the log's size and storage tier (docs/storage.md)")
 
 
@@ -442,6 +457,37 @@ def edition_out(e: EditionRow) -> dict[str, Any]:
     return monitors.edition_json(e)
 
 
+class TaskOwnerOut(Schema):
+    session_id: str
+    turn_seq: int
+
+
+class TaskOut(Schema):
+    """An owned task (docs/protocol.md, "Tasks"): actions.task_json is its one shape."""
+
+    id: str
+    kind: str = Field(description="command or subagent")
+    version: int = Field(description="the kind's version the task runs under")
+    phase: Literal["pending", "running", "waiting", "completing", "done", "failed", "cancelled", "blocked"]
+    background: bool
+    owner: TaskOwnerOut
+    started_at: str
+    age_s: float
+    child_session: str | None = Field(None, description="a subagent's child session")
+    ended_at: str | None = None
+    outcome: dict[str, Any] | None = Field(
+        None, description="a command's {exit_code, output}, a subagent's {answer}; with the terminal receipt"
+    )
+    reason: dict[str, Any] | None = Field(None, description="why it failed, was cancelled or is blocked: {code, ...}")
+    argv: list[str] | None = None
+    output: str | None = Field(None, description="a running command's output tail so far (bounded)")
+    aborting: bool | None = Field(None, description="abort intent is committed; the cancelled receipt follows")
+
+
+class TasksOut(Schema):
+    tasks: list[TaskOut]
+
+
 class EventOut(Schema):
     seq: int
     kind: str
@@ -565,6 +611,7 @@ class AttentionOut(Schema):
         "stranded: sessions a deploy left behind, detail {code: definition_missing | unsupported_version | "
         'pinned_version, what, reason; waiting: "input" for idle input no live worker can read}), '
         "monitors: failed or partial coverage, unknown and held editions, detail {monitor_id, edition_id, reason}; "
+        "tasks_live, tasks_blocked, tasks_orphaned: owned tasks, detail {task} (a TaskOut), "
         "each at most 200"
     )
     counts: dict[str, int]

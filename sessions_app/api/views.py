@@ -67,6 +67,8 @@ from sessions_app.api.schemas import (
     SessionOut,
     StorageIn,
     StorageOut,
+    TaskOut,
+    TasksOut,
     UpgradeIn,
     UpgradeRefusedOut,
     VersionOut,
@@ -364,6 +366,27 @@ def resolve_edition(request: HttpRequest, monitor_id: str, edition_id: str, payl
     `done` with the receipt the destination shows, or `failed` (its items go back to pending)."""
     e = actions.resolve_edition(_user(request), monitor_id, edition_id, payload.action, payload.receipt or "")
     return edition_out(e)
+
+
+@api.get("/sessions/{session_id}/tasks", response={200: TasksOut, **_READ_ERRORS}, tags=["tasks"])
+def list_tasks(request: HttpRequest, session_id: str) -> Any:
+    """The session's owned tasks, newest first (at most 200): kind, phase, age, output tail or child, outcome."""
+    return {"tasks": [actions.task_json(t) for t in actions.list_tasks(_user(request), session_id)]}
+
+
+@api.get("/tasks/{task_id}", response={200: TaskOut, **_READ_ERRORS}, tags=["tasks"])
+def task_detail(request: HttpRequest, task_id: str) -> Any:
+    """One task, as visible as its owning session (404 unknown_task otherwise)."""
+    return actions.task_json(actions.task_detail(_user(request), task_id))
+
+
+@api.post("/tasks/{task_id}/cancel", response={200: TaskOut, **_WRITE_ERRORS}, tags=["tasks"])
+def cancel_task(request: HttpRequest, task_id: str) -> Any:
+    """Cancel a live task: its abort intent is committed first (`aborting`),
+    then its process group is killed (a subagent's turns and tasks are
+    cancelled) and it settles with a task/cancelled receipt. A settled task
+    is answered as it is."""
+    return actions.task_json(actions.cancel_task(_user(request), task_id))
 
 
 @api.get("/sessions/{session_id}/events", response={200: EventsOut, **_READ_ERRORS}, tags=["events"])

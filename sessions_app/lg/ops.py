@@ -303,17 +303,21 @@ def thread(session: Session, *, values: bool = True) -> dict[str, Any]:
         if interrupt and seg:
             interrupts[str(uuid.uuid5(session.id, f"task:{seg.open_seq}"))] = [interrupt]
     name = _profile_name(session)
+    metadata: dict[str, Any] = {
+        "graph_id": name,
+        "assistant_id": mapping.assistant_id(name),
+        "title": session.title,
+        "version": actions.session_version(session),
+    }
+    parent = actions.session_parent(session)
+    if parent is not None:  # a subagent's thread names the thread (and task) that owns it
+        metadata["parent_thread_id"], metadata["parent_task_id"] = parent["session_id"], parent["task_id"]
     return {
         "thread_id": str(session.id),
         "created_at": session.created_at.isoformat(),
         "updated_at": (session.last_event_at or session.created_at).isoformat(),
         "state_updated_at": (session.last_event_at or session.created_at).isoformat(),
-        "metadata": {
-            "graph_id": name,
-            "assistant_id": mapping.assistant_id(name),
-            "title": session.title,
-            "version": actions.session_version(session),
-        },
+        "metadata": metadata,
         "status": thread_status(session),
         "values": {"messages": tv.tracker.messages} if tv is not None else None,
         "interrupts": interrupts,

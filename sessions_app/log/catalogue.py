@@ -49,6 +49,7 @@ _TURN_FRESH: list[tuple[str, list[Any]]] = [
     ("cancel_seq = NULL", []),
     ("unknown_effects = 0", []),
     ("stalled_seq = NULL", []),
+    ("waiting_tasks = 0", []),
 ]
 # Where a turn that made no progress stood (turn/stalled's `phase`).
 STALL_PHASES = ("model", "tool", "turn")
@@ -525,6 +526,7 @@ CATALOGUE: dict[str, Kind] = {
                     "idempotency_key": _STR,
                     "by": _STR,
                     "schedule_id": _NONEMPTY,
+                    "task_id": _NONEMPTY,
                 },
                 ["text", "lane"],
             ),
@@ -1042,6 +1044,97 @@ CATALOGUE: dict[str, Kind] = {
             ),
             False,
             "A document's incarnation ends; writing the name again makes a new incarnation.",
+        ),
+        Kind(
+            "task/started",
+            _obj(
+                {
+                    "task_id": _NONEMPTY,
+                    "kind": _NONEMPTY,
+                    "version": _SEQ,
+                    "background": {"type": "boolean"},
+                    "call_id": _STR,
+                    "argv": {"type": "array", "items": _STR},
+                    "profile": _STR,
+                    "child_session": _STR,
+                },
+                ["task_id", "kind", "version", "background"],
+            ),
+            False,
+            "An owned task was admitted (runtime/owned/): a `command` (argv) or a `subagent` (profile, "
+            "child_session), foreground (its turn waits on it) or background (it outlives its turn).",
+        ),
+        Kind(
+            "task/waiting",
+            _obj(
+                {
+                    "call_id": _NONEMPTY,
+                    "task_ids": {"type": "array", "items": _NONEMPTY},
+                    "live": {"type": "integer"},
+                    "deadline_at": _STR,
+                },
+                ["call_id", "task_ids", "live"],
+            ),
+            False,
+            "The open turn's call `call_id` (task.start in the foreground, task.wait) waits on these tasks; "
+            "`live` of them had no terminal receipt yet. The turn parks (status waiting_task) until their receipts.",
+            lambda d: [("waiting_tasks = waiting_tasks + %s", [int(d["live"])])],
+        ),
+        Kind(
+            "task/progress",
+            _obj({"task_id": _NONEMPTY, "age_s": _SECS, "output": _STR}, ["task_id", "age_s"]),
+            False,
+            "A running task's progress (at most one every TERRET_TASK_PROGRESS_SECONDS): its age and its output tail.",
+        ),
+        Kind(
+            "task/wait_ended",
+            _obj(
+                {"call_id": _NONEMPTY, "reason": {"enum": ["timeout"]}, "live": {"type": "integer", "minimum": 0}},
+                ["call_id", "reason", "live"],
+            ),
+            False,
+            "A task.wait's `timeout_s` passed with `live` of its tasks still live: the wait ends (those come off "
+            "waiting_tasks, and the session is woken); the tasks go on, and the call's result is their state now.",
+            lambda d: [
+                (
+                    "waiting_tasks = CASE WHEN waiting_tasks > %s THEN waiting_tasks - %s ELSE 0 END",
+                    [int(d["live"]), int(d["live"])],
+                )
+            ],
+        ),
+        *(
+            Kind(
+                f"task/{end}",
+                _obj(
+                    {
+                        "task_id": _NONEMPTY,
+                        "kind": _NONEMPTY,
+                        "outcome": {"type": ["object", "null"]},
+                        "reason": {"type": "object"},
+                        "waited": {"type": "boolean"},
+                        "generation": {"type": "integer", "minimum": 0},
+                    },
+                    ["task_id", "kind", "waited"],
+                ),
+                False,
+                f"A task's terminal receipt ({end}): exactly one per task. `outcome` is a command's "
+                "{exit_code, output} or a subagent's {answer}; `reason` says why it failed or was cancelled. "
+                "`waited`: the open turn was parked on it (one off waiting_tasks); otherwise a background task's "
+                "receipt comes with a follow-up (input/deferred with its task_id) that wakes the session.",
+                lambda d: (
+                    [("waiting_tasks = CASE WHEN waiting_tasks > 0 THEN waiting_tasks - 1 ELSE 0 END", [])]
+                    if d["waited"]
+                    else []
+                ),
+            )
+            for end in ("completed", "failed", "cancelled")
+        ),
+        Kind(
+            "task/blocked",
+            _obj({"task_id": _NONEMPTY, "code": _NONEMPTY, "what": _STR, "reason": _STR}, ["task_id", "code"]),
+            False,
+            "A task whose kind or version the running code lacks (`definition_missing`): it stays live and "
+            "visible, never dropped, until the definition is back or it is cancelled.",
         ),
         Kind(
             "session/forked_to",

@@ -65,6 +65,7 @@ WORKLOAD_COLUMNS = (
     "queued_follow_ups",
     "deferred_seq",
     "deferred_cursor",
+    "waiting_tasks",
 )
 
 
@@ -79,6 +80,7 @@ class Workload:
     queued_follow_ups: int = 0
     deferred_seq: int = 0
     deferred_cursor: int = 0
+    waiting_tasks: int = 0  # the open turn's waits on owned tasks (status waiting_task)
     # Whether any session waits for an agent slot, as the releasing append
     # saw it (runs.SLOTS_WANTED); True where the statement did not look.
     slots_wanted: bool = True
@@ -95,6 +97,7 @@ class Workload:
             int(row["queued_follow_ups"]),
             int(row["deferred_seq"]),
             int(row["deferred_cursor"]),
+            int(row["waiting_tasks"]),
             bool(row.get("slots_wanted", True)),
         )
 

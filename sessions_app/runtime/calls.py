@@ -46,6 +46,7 @@ from sessions_app.runtime import definitions, effects, failpoints, hooks, storab
 from sessions_app.runtime import lease as leases
 from sessions_app.runtime.outbox import Entry, InlineCall, Outbox
 from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.owned import waits
 from sessions_app.runtime.view import TurnState, TurnView
 from sessions_app.tools.base import Definition, Reconciliation, ToolContext
 from sessions_app.tools.executor import execute
@@ -63,6 +64,7 @@ class Waits(StrEnum):
     VERDICT = "verdict"  # a reviewer's: the message's other calls go on
     OPERATOR = "operator"  # an operator's, on an effect of unknown outcome: no other attempt starts
     DEFINITION = "definition"  # its tool is gone: the turn is blocked (ToolCalls.missing says on what)
+    TASKS = "tasks"  # owned tasks' terminal receipts (runtime/owned/waits.py): the message's other calls go on
 
 
 class ToolCalls:
@@ -186,11 +188,29 @@ class ToolCalls:
         if decision.action == "deny":
             return self.result(call, f"denied: {decision.reason}", True)
         if decision.args is None:
+            if defn.parks:
+                return self.on_tasks(call, args, st)
             return self.invoke(defn, call, st, message_seq, edited=False)
         # Approved with edits: the reviewer's arguments run (and are what a
         # retry, a reconcile and the ledger see), not the model's.
         edited = ToolCall(call.id, call.name, json.dumps(decision.args, ensure_ascii=False))
+        if defn.parks:
+            return self.on_tasks(edited, decision.args, st, edited=True)
         return self.invoke(defn, edited, st, message_seq, edited=True)
+
+    def on_tasks(self, call: ToolCall, args: dict[str, Any], st: TurnState, *, edited: bool = False) -> Waits | None:
+        """task.start / task.wait: admitted and waited on by the owned-work
+        store, keyed on the call (a resumed call finds its tasks); the turn
+        parks while any it waits on is live."""
+        self.flush()  # what is buffered precedes the admission's commit
+        with tracing.tool(self.sid, call.name, call.id) as traced:
+            got = waits.answer(self.sid, self.lease.fence, self.profile, call.name, call.id, args, st.events)
+            traced.result(got is not None and got.is_error)
+        if got is None:
+            self.view.refresh()
+            return Waits.TASKS
+        self.view.refresh()
+        return self.result(call, got.content, got.is_error, edited=edited)
 
     def unlisted_now(self, name: str) -> str | None:
         """An owed call's MCP tool, asked of its server again (once a drive):

@@ -30,6 +30,7 @@ from sessions_app.runtime import inprocess
 
 DRIVE_TASK = "terret.drive_session"
 SWEEP_TASK = "terret.sweep"
+RUN_TASK = "terret.run_task"  # an owned task's supervision (runtime/owned/supervise.py)
 
 
 def wake(session_id: uuid.UUID | str) -> None:
@@ -41,6 +42,22 @@ def wake(session_id: uuid.UUID | str) -> None:
         transaction.on_commit(lambda: send_drive(sid))
     else:
         transaction.on_commit(lambda: inprocess.submit(sid))
+
+
+def start_task(task_id: str) -> None:
+    """Start an owned task's supervision: on a Celery worker, or on a thread
+    of this process (the embedded worker). Called after commit (the store
+    schedules it with transaction.on_commit); a lost start is restarted by
+    the reaper once its task is a lease old."""
+    if settings.TERRET_WORKER == "manual":
+        return
+    if settings.TERRET_WORKER == "celery":
+        try:
+            current_app.send_task(RUN_TASK, args=[task_id])
+        except Exception as exc:
+            logger.warning("start of task %s not sent (%s); the reaper starts it again", task_id, exc)
+    else:
+        inprocess.submit_task(task_id)
 
 
 logger = logging.getLogger(__name__)

@@ -144,7 +144,12 @@ def _unreadable(sid: uuid.UUID, lease: leases.Lease, what: str) -> Outcome:
 
 def has_work(session_id: uuid.UUID, workload: Workload) -> bool:
     if workload.open_turn_seq is not None:
-        return workload.pending_approvals == 0 and workload.blocked_seq is None and workload.unknown_effects == 0
+        return (
+            workload.pending_approvals == 0
+            and workload.blocked_seq is None
+            and workload.unknown_effects == 0
+            and workload.waiting_tasks == 0  # parked on owned tasks: their receipts wake it
+        )
     if not workload.input_pending:
         return False
     return admission.has_woken_input(session_id, workload.inbox_seq, follow_ups=workload.queued_follow_ups)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
@@ -43,6 +44,19 @@ def submit(session_id: str) -> None:
             return  # a drive is already queued; it will read everything new
         _queued.add(session_id)
     _get_pool().submit(_run, session_id)
+
+
+_task_runner: list[Callable[[str], None]] = []
+
+
+def use_task_runner(runner: Callable[[str], None]) -> None:
+    """How this process runs an owned task (runtime/owned/supervise.start)."""
+    _task_runner[:] = [runner]
+
+
+def submit_task(task_id: str) -> None:
+    for runner in _task_runner:
+        runner(task_id)
 
 
 def _run(session_id: str) -> None:

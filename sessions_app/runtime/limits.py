@@ -52,7 +52,7 @@ from django.db import connection
 from django.utils import timezone
 
 from sessions_app.log.catalogue import BUDGETS
-from sessions_app.models import AgentProfile, Session, Suspension, UsageDay
+from sessions_app.models import AgentProfile, Session, Suspension, Task, UsageDay
 
 _NAMES = {"cost_usd": "cost", "tokens": "token", "steps": "step", "turns": "turn"}
 _SCOPES = {"session": "the session's", "profile": "the profile's daily", "global": "the daily global"}
@@ -241,6 +241,56 @@ def session_spent(session_id: uuid.UUID | str) -> tuple[Spent, dict[str, Decimal
     return _spent(row), limits_of_session(row)
 
 
+# Subagents (runtime/owned/): a child's cost and tokens count against its
+# parent's (and every ancestor's) session budget; its steps and turns are its own.
+TREE_BUDGETS = ("cost_usd", "tokens")
+MAX_TREE_DEPTH = 16  # a walk up or down the tree stops here, whatever the rows say
+
+
+def ancestors(session_id: uuid.UUID | str) -> list[uuid.UUID]:
+    """The sessions owning this one through subagent tasks, nearest first."""
+    out: list[uuid.UUID] = []
+    current: Any = session_id
+    for _ in range(MAX_TREE_DEPTH):
+        parent = Task.objects.filter(child_session_id=current).values_list("session_id", flat=True).first()
+        if parent is None or parent in out:
+            break
+        out.append(parent)
+        current = parent
+    return out
+
+
+def descendants(session_id: uuid.UUID | str) -> list[uuid.UUID]:
+    """Every child session under this one, at any depth."""
+    out: list[uuid.UUID] = []
+    frontier: list[Any] = [session_id]
+    for _ in range(MAX_TREE_DEPTH):
+        children = list(
+            Task.objects.filter(session_id__in=frontier, child_session__isnull=False).values_list(
+                "child_session_id", flat=True
+            )
+        )
+        children = [c for c in children if c is not None and c not in out]
+        if not children:
+            break
+        out.extend(children)
+        frontier = children
+    return out
+
+
+def children_spent(session_id: uuid.UUID | str) -> Spent:
+    """What the session's subagents (at any depth) spent: cost, tokens and
+    unpriced entries (their steps and turns count against their own budgets only)."""
+    below = descendants(session_id)
+    if not below:
+        return NOTHING
+    total = NOTHING
+    for row in Session.objects.filter(id__in=below).values(*_SESSION_FIELDS):
+        mine = _spent(row)
+        total += Spent(mine.cost_usd, mine.tokens, 0, 0, mine.unpriced)
+    return total
+
+
 # Every profile has a daily budget by default (TERRET_PROFILE_DAILY_*), so
 # this read runs before every model step: one hand-written statement, not the
 # ORM's aggregate, which cost about 1 ms of CPU per step to build (bench/turns.py).
@@ -302,7 +352,16 @@ def check(
     if budgeted:
         spent, limits = session_spent(session_id)
         if _any(limits):
+            spent += children_spent(session_id)  # a subagent's spend is its parent's too
             found = first_exceeded("session", limits, spent + pending, opening=opening)
+            if found:
+                return found
+    # A parent's budget exhausted (its children's spend counted) holds its whole tree.
+    for ancestor in ancestors(session_id):
+        spent, limits = session_spent(ancestor)
+        tree = {name: limits[name] for name in TREE_BUDGETS}
+        if _any(tree):
+            found = first_exceeded("session", tree, spent + children_spent(ancestor) + pending, opening=False)
             if found:
                 return found
     profile_limits = limits_of_profile(profile)

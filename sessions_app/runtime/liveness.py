@@ -84,7 +84,8 @@ _REAP = f"DELETE FROM {_WORKERS} w WHERE {lease.process_gone('w.key')} RETURNING
 # finds out what is owed.
 _HELD_BY = (
     f"SELECT id FROM {_SESSIONS} WHERE lease_process = ANY(%s) AND lease_owner <> '' "
-    "AND pending_approvals = 0 AND unknown_effects = 0 AND blocked_seq IS NULL AND waiting_seq IS NULL "
+    "AND pending_approvals = 0 AND unknown_effects = 0 AND waiting_tasks = 0 "
+    "AND blocked_seq IS NULL AND waiting_seq IS NULL "
     "AND suspended_seq IS NULL"
 )
 _UNREGISTER = f"DELETE FROM {_WORKERS} WHERE key = %s AND pid = %s"

@@ -30,6 +30,7 @@ def check_profile(
     approvals: Any,
     context_windows: Any = None,
     image_roles: Any = None,
+    command_allow: Any = None,
 ) -> dict[str, list[str]]:
     """Problems by field name (roles, builtin_tools, mcp_servers, approvals, context_windows, image_roles)."""
     problems = {
@@ -39,8 +40,18 @@ def check_profile(
         "approvals": _approvals(approvals, builtin_tools, mcp_servers),
         "context_windows": _windows({} if context_windows is None else context_windows),
         "image_roles": _image_roles([] if image_roles is None else image_roles),
+        "command_allow": _command_allow([] if command_allow is None else command_allow),
     }
     return {field: found for field, found in problems.items() if found}
+
+
+def _command_allow(patterns: Any) -> list[str]:
+    """A list of non-empty glob patterns, each matched against a command task's argv[0]."""
+    if not isinstance(patterns, list) or not all(
+        isinstance(p, str) and p.strip() and "\x00" not in p for p in patterns
+    ):
+        return ['command_allow must be a list of glob patterns (non-empty strings), e.g. ["sh", "make"]']
+    return []
 
 
 def _roles(roles: Any) -> list[str]:

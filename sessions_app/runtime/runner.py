@@ -83,6 +83,7 @@ from sessions_app.runtime.calls import ToolCalls
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.outbox import Outbox
 from sessions_app.runtime.outcomes import Outcome
+from sessions_app.runtime.owned import store as owned
 from sessions_app.runtime.profiles import accepts_images
 from sessions_app.runtime.stop import stop_watch
 from sessions_app.runtime.view import TurnState, TurnView
@@ -488,7 +489,14 @@ class TurnRunner:
     # -- cancel
 
     def close_cancelled(self, st: TurnState) -> Outcome:
-        """End cancelled. Calls still owed get an error result first."""
+        """End cancelled. Calls still owed get an error result first. The
+        turn's live foreground tasks settle before it closes (their abort
+        intent committed first): it parks on them, and their receipts wake it."""
+        live = owned.live_tasks(self.sid).filter(background=False, turn_seq=self.turn_seq)
+        if live.exists():
+            self.flush()
+            owned.request_abort(list(live), "turn cancelled")
+            return Outcome.PARKED
         for kind, data in closing_entries(st.events, "cancelled"):
             self.outbox.emit(kind, data)
         self.flush(release=True)

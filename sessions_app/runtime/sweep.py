@@ -68,6 +68,7 @@ def sweep(*, at_start: bool = False) -> list[str]:
         open_turn_seq__isnull=False,
         pending_approvals=0,
         unknown_effects=0,
+        waiting_tasks=0,
         blocked_seq__isnull=True,
         waiting_seq__isnull=True,
         suspended_seq__isnull=True,

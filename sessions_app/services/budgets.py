@@ -79,9 +79,15 @@ def budget_of(session_id: uuid.UUID | str) -> dict[str, Any]:
         raise UnknownSession(f"no session {session_id}")
     spent, limit = limits.session_spent(session.id)
     over = limits.check(session.id, session.profile, opening=True)
+    below = limits.children_spent(session.id)
+    children = {"cost_usd": float(below.cost_usd), "tokens": below.tokens}
     return {
         "limit": {name: (None if limit[name] is None else _number(name, limit[name])) for name in BUDGETS},
-        "spent": {**{name: _number(name, spent.of(name)) for name in BUDGETS}, "unpriced": spent.unpriced},
+        "spent": {
+            **{name: _number(name, spent.of(name)) for name in BUDGETS},
+            "unpriced": spent.unpriced,
+            "children": children,
+        },
         "exhausted": None if over is None else {**over.as_json(), "message": over.message},
     }
 

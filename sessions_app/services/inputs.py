@@ -37,6 +37,7 @@ from sessions_app.log.records import LoggedEvent
 from sessions_app.models import InputReceipt, Session
 from sessions_app.runtime import admission, dispatch, limits
 from sessions_app.runtime.closing import closing_entries
+from sessions_app.runtime.owned import store as owned
 from sessions_app.runtime.registry import lease_live
 
 MAX_INPUT_CHARS = 100_000
@@ -85,7 +86,9 @@ def run_turn(session_id: uuid.UUID | str, text: str, *, by: str = "") -> int:
 def _refuse_if_open(tx: log.SessionTx) -> None:
     if tx.row["open_turn_seq"] is None:
         return
-    if tx.row["pending_approvals"] > 0 or tx.row["unknown_effects"] > 0 or lease_live(tx.row):
+    if tx.row["pending_approvals"] > 0 or tx.row["unknown_effects"] > 0 or tx.row["waiting_tasks"] > 0:
+        raise TurnAlreadyRunning(f"session {tx.session_id} is mid-turn")
+    if lease_live(tx.row):
         raise TurnAlreadyRunning(f"session {tx.session_id} is mid-turn")
     raise TurnOpenInLog(f"session {tx.session_id} has an open turn in its log; resume it")
 
@@ -274,7 +277,7 @@ def _admit(
     if strategy == "reject":
         raise TurnAlreadyRunning(f"session {tx.session_id} is busy (multitask_strategy reject)")
     if strategy == "interrupt":
-        _cancel_in(tx, "")
+        _cancel_in(tx, "")  # the turn and its foreground tasks; background work goes on
     if lane in ("follow_up", "passive") or strategy is not None:
         return _defer(tx, text, lane or "follow_up", by, key)
     event = _queue(tx, text, wake, by, key)
@@ -380,21 +383,31 @@ def _start_if_idle(session_id: uuid.UUID | str, text: str, by: str) -> Receipt |
 
 
 def cancel(session_id: uuid.UUID | str, *, by: str = "") -> bool:
-    """Cancel the open turn: mark it cancelled first, then deny every standing
-    approval request, in that order, so a parked call unparks into a turn that
-    already knows it is stopping. A worker driving the turn notices within
-    about a second (runtime/stop.py) and stops its model stream. A turn no
-    worker holds (parked, blocked, or admitted and not yet claimed) is closed
-    here and now, under the row lock: waiting for a worker would make Stop
-    depend on one. Returns False when there is no open turn."""
+    """Stop: cancel the open turn and every live task the session owns (the
+    full-stop policy, docs/protocol.md "Tasks"). The turn is marked cancelled
+    first, then every standing approval request is denied, in that order, so
+    a parked call unparks into a turn that already knows it is stopping; the
+    tasks' abort intent commits in the same transaction, before any signal.
+    A worker driving the turn notices within about a second (runtime/stop.py)
+    and stops its model stream. A turn no worker holds (parked, blocked, or
+    admitted and not yet claimed) is closed here and now, under the row lock:
+    waiting for a worker would make Stop depend on one; but a turn parked on
+    its own foreground tasks closes only after their receipts (descendants
+    settle before the owner's cleanup): the last receipt wakes it. Returns
+    False when there was neither an open turn nor a live task."""
     with log.locked(session_id) as tx:
-        return _cancel_in(tx, by)
+        return _cancel_in(tx, by, stop_all=True)
 
 
-def _cancel_in(tx: log.SessionTx, by: str) -> bool:
+def _cancel_in(tx: log.SessionTx, by: str, *, stop_all: bool = False) -> bool:
     turn_seq = tx.row["open_turn_seq"]
+    # Owned work first: the turn's foreground tasks always (they cannot
+    # outlive it), background ones on a full stop only.
+    live = owned.live_tasks(tx.session_id)
+    mine = live.filter(background=False, turn_seq=turn_seq) if turn_seq is not None else live.none()
+    aborted = owned.request_abort(list(live if stop_all else mine), f"stopped by {by}" if by else "stopped")
     if turn_seq is None:
-        return False
+        return bool(aborted)
     events = turn_events(tx.session_id, turn_seq)
     if not any(e.kind == "turn/cancel_requested" for e in events):
         tx.append("turn/cancel_requested", {"by": by} if by else {})
@@ -406,6 +419,8 @@ def _cancel_in(tx: log.SessionTx, by: str) -> bool:
     if lease_live(tx.row):
         dispatch.wake(tx.session_id)
         return True
+    if mine.exists():
+        return True  # parked on them: their cancelled receipts wake the turn, which then closes
     seen = events + [LoggedEvent(e.seq, e.kind, e.data) for e in tx.appended]
     for kind, data in closing_entries(seen, "cancelled", by=by):
         tx.append(kind, data)

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sessions_app import log
@@ -36,11 +36,13 @@ from sessions_app.models import (
     OperatorAction,
     Session,
     Suspension,
+    Task,
     WorkerProcess,
 )
 from sessions_app.runtime import codever, dispatch, limits
 from sessions_app.runtime.closing import closing_entries
 from sessions_app.runtime.failures import UNSUPPORTED_VERSION
+from sessions_app.runtime.owned.store import as_json as task_json
 from sessions_app.runtime.progress import STALL_STANDS, turn_progress
 from sessions_app.runtime.registry import lease_live
 from sessions_app.services import budgets, inputs, monitors, schedules
@@ -362,6 +364,7 @@ def attention() -> dict[str, list[Item]]:
     out["notifications"] = _notifications()
     out["stranded"] = _stranded()
     out["monitors"] = _monitor_items()
+    out.update(_tasks())
     return out
 
 
@@ -462,6 +465,33 @@ def _pinned_without_tools() -> list[Item]:
                 "code": "pinned_version", "what": what, "reason": reason, "version": number,
             }))  # fmt: skip
     return items[:ATTENTION_LIMIT]
+
+
+def _tasks() -> dict[str, list[Item]]:
+    """Owned tasks: the live ones (oldest first), the blocked ones (their kind
+    or version missing from the running code), and orphans (live, but their
+    owner is archived or revoked, their foreground turn has ended, or their
+    supervisor's lease ran out): the reaper ends orphans within a round or
+    two, so one that stays here is stuck."""
+    now = timezone.now()
+    live = Task.objects.filter(receipt_seq__isnull=True).select_related("session").order_by("created_at")
+    gone = Q(session__archived_at__isnull=False) | Q(session__revoked_seq__isnull=False)
+    ended = Q(background=False) & (Q(session__open_turn_seq__isnull=True) | ~Q(session__open_turn_seq=F("turn_seq")))
+    unowned = Q(phase__in=("running", "completing")) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+
+    def items(qs: Any, kind: str) -> list[Item]:
+        return [
+            Item(kind, str(t.session_id), t.session.title or str(t.session_id), t.started_at or t.created_at, {
+                "task": task_json(t),
+            })
+            for t in qs[:ATTENTION_LIMIT]
+        ]  # fmt: skip
+
+    return {
+        "tasks_live": items(live.exclude(phase="blocked"), "task"),
+        "tasks_blocked": items(live.filter(phase="blocked"), "task_blocked"),
+        "tasks_orphaned": items(live.filter(gone | ended | unowned), "task_orphaned"),
+    }
 
 
 def _stalled_item(session: Session) -> Item:

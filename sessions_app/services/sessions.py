@@ -17,6 +17,7 @@ from sessions_app.errors import AgentBusy, InvalidInput
 from sessions_app.log.catalogue import MODEL_ROLES
 from sessions_app.models import Agent, AgentProfile, Session
 from sessions_app.runtime import dispatch, registry
+from sessions_app.runtime.owned import store as owned
 from sessions_app.services import schedules, titling
 from sessions_app.validation import clean_text
 
@@ -105,6 +106,7 @@ def archive_session(session_id: uuid.UUID | str, *, by: str) -> Session:
         except (AgentBusy, InvalidInput):
             pass  # a turn started meanwhile, or the sweep disposed it first: it goes idle in time
     _cancel_schedules(session_id, by=by)
+    owned.abort_session(session_id, f"archived by {by}" if by else "archived")  # the full-stop policy
     return Session.objects.get(id=session_id)
 
 

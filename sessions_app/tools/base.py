@@ -64,6 +64,9 @@ class Definition:
     # The replay policy as declared; None derives it (see `replay_policy`).
     replay: Replay | None = None
     reconcile: Reconciler | None = None
+    # The call may park its turn (task.start in the foreground, task.wait): the
+    # runtime carries it out itself (runtime/owned/waits.py), never `handler`.
+    parks: bool = False
 
     @property
     def runs_inline(self) -> bool:

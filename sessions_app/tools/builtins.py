@@ -35,6 +35,7 @@ from . import documents
 from .base import Definition, Reconciliation, ToolContext, ToolError
 from .monitors import DEFINITIONS as MONITOR_TOOLS
 from .schedules import DEFINITIONS as SCHEDULE_TOOLS
+from .tasks import DEFINITIONS as TASK_TOOLS
 
 MAX_READ_BYTES = 256 * 1024
 MAX_WRITE_BYTES = 256 * 1024
@@ -243,5 +244,6 @@ BUILTINS: dict[str, Definition] = {
         ),
         *SCHEDULE_TOOLS,
         *MONITOR_TOOLS,
+        *TASK_TOOLS,
     )
 }

@@ -69,6 +69,9 @@ SECTIONS = [
         "Blocked on a missing definition or an event version no live worker reads, or pinned to a version "
         "whose tools the code no longer has: upgrade them (the pre-flight decides) or abandon the turn.",
     ),
+    ("tasks_orphaned", "Orphaned tasks", "Live tasks whose owner is gone or ended, or whose supervisor died."),
+    ("tasks_blocked", "Blocked tasks", "Tasks whose kind or version the running code lacks (never dropped)."),
+    ("tasks_live", "Live tasks", "Owned work running, waiting or pending: commands and subagents, oldest first."),
 ]
 
 

@@ -21,7 +21,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from sessions_app.errors import NotAllowed, UnknownSession
+from sessions_app.errors import NotAllowed, UnknownSession, UnknownTask
 
 API_PREFIX = "/api/"
 
@@ -60,6 +60,6 @@ class QuietForbiddenMiddleware:
             return None
         if isinstance(exception, (PermissionDenied, NotAllowed)):
             return forbidden(request, exception)
-        if isinstance(exception, UnknownSession):
+        if isinstance(exception, UnknownSession | UnknownTask):
             return not_found(request, exception)
         return None

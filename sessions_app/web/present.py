@@ -56,6 +56,17 @@ META_KINDS = frozenset(
 # on the call's card (its approval, its result), so their own rows are quiet.
 CALL_KINDS = frozenset({"approval/requested", "approval/resolved", "tool/attempt", "tool/result"})
 CARD_QUIET = frozenset({"approval/requested", "approval/resolved", "tool/result"})
+# A task event's card says what the task became (runtime/owned/).
+TASK_PHASES = {
+    "task/started": "started",
+    "task/waiting": "waited on",
+    "task/progress": "running",
+    "task/completed": "done",
+    "task/failed": "failed",
+    "task/cancelled": "cancelled",
+    "task/blocked": "blocked",
+    "task/wait_ended": "no longer waited on",
+}
 # Kinds whose text is shown as Markdown.
 MARKDOWN_KINDS = frozenset({"user/message", "context/injected", "input/queued", "input/deferred", "assistant/message"})
 # What a batch of events must contain for the page's approvals to change.
@@ -110,6 +121,17 @@ class EventRow:
             or self.kind in CARD_QUIET
             or (self.kind in ("input/queued", "input/deferred") and not self.queued)
         )
+
+    @property
+    def task_kind(self) -> str:
+        """A task event's kind of task (command, subagent), "" for any other event."""
+        if not self.kind.startswith("task/"):
+            return ""
+        return str(self.data.get("kind") or "owned")
+
+    @property
+    def task_phase(self) -> str:
+        return TASK_PHASES.get(self.kind, "")
 
     @property
     def html(self) -> str:

@@ -118,6 +118,9 @@ def _chat_context(
         "form": form or MessageForm(),
         "chat_url": url,
         "empty_chat": not session.turns and not session.last_input_seq,
+        # The session's live tasks (owned work: runtime/owned/), as of the page's load.
+        "live_tasks": [actions.task_json(t) for t in actions.list_tasks(request.user, session.id) if t.live],
+        "parent": actions.session_parent(session),
         **composer_context(),
     }
 
@@ -253,6 +256,17 @@ def session_cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
     else:
         messages.info(request, "Nothing to stop: the agent is idle.")
     return redirect("sessions:chat", session_id=session_id)
+
+
+@login_required
+@require_POST
+def task_cancel(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
+    """A task card's Cancel: abort intent now, the cancelled receipt follows."""
+    task = actions.cancel_task(request.user, task_id)
+    if getattr(request, "htmx", False):
+        return HttpResponse(status=204)  # the card follows the log over the websocket
+    messages.info(request, "Cancelling the task: its process group is stopped within a second.")
+    return redirect("sessions:chat", session_id=task.session_id)
 
 
 @login_required

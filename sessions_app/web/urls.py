@@ -17,6 +17,7 @@ urlpatterns: list[URLPattern] = [
     path("sessions/<uuid:session_id>/", views.session_chat, name="chat"),
     path("sessions/<uuid:session_id>/messages/", views.session_message, name="message"),
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="cancel"),
+    path("tasks/<uuid:task_id>/cancel/", views.task_cancel, name="task_cancel"),
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="retry"),
     path("sessions/<uuid:session_id>/effects/resolve/", views.session_resolve, name="resolve"),
     path("sessions/<uuid:session_id>/budget/", views.session_budget, name="budget"),

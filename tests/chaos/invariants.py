@@ -10,7 +10,8 @@ from the private stack's database and asserts:
   never made, nor two for one; a step ends at most once per turn; every
   approval verdict lies inside the turn that asked, answers a request of
   that turn, once;
-- the effect audit (`sessions_app.runtime.effects.effects_audit`), run by a
+- the effect audit (`sessions_app.runtime.effects.effects_audit`) and the
+  task audit beside it (`sessions_app.runtime.owned.audit.tasks_audit`), run by a
   `Probe`: a Django process of the stack's own settings, kept alive for the
   whole pass so a round's audit costs milliseconds, not a process start;
 - that every input the API accepted (its 202 receipt) was taken into a turn
@@ -390,14 +391,17 @@ def _serve() -> None:
 
     from sessions_app.runtime.dispatch import send_drive
     from sessions_app.runtime.effects import effects_audit
+    from sessions_app.runtime.owned.audit import tasks_audit
 
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "wake":
             for _ in range(int(request["times"])):
                 send_drive(request["sid"])
             return {"sent": int(request["times"])}
-        audit = effects_audit(request["sid"])
-        return {"ok": audit.ok, "counts": dict(audit.counts), "problems": list(audit.problems)}
+        audit, tasks = effects_audit(request["sid"]), tasks_audit(request["sid"])
+        # tasks_audit beside effects_audit: every owned task in exactly one state (runtime/owned/audit.py).
+        problems = list(audit.problems) + [f"tasks_audit: {p}" for p in tasks.problems]
+        return {"ok": audit.ok and tasks.ok, "counts": dict(audit.counts), "problems": problems}
 
     for line in sys.stdin:
         request = json.loads(line)

@@ -39,7 +39,14 @@ def test_a_new_session_has_no_limits_nothing_spent_and_nothing_exhausted(client,
     assert response.status_code == 200
     assert response.data == {
         "limit": NO_LIMITS,
-        "spent": {"cost_usd": 0.0, "tokens": 0, "steps": 0, "turns": 0, "unpriced": 0},
+        "spent": {
+            "cost_usd": 0.0,
+            "tokens": 0,
+            "steps": 0,
+            "turns": 0,
+            "unpriced": 0,
+            "children": {"cost_usd": 0.0, "tokens": 0},
+        },
         "exhausted": None,
     }
 

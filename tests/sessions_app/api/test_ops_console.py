@@ -128,6 +128,9 @@ def test_suspend_lists_it_and_resume_removes_it(client: Any, session: Session, s
         "notifications",
         "stranded",
         "monitors",
+        "tasks_live",
+        "tasks_blocked",
+        "tasks_orphaned",
     }
     resumed = call(client, "POST", "/api/ops/resume", {**body, "reason": "fixed"}, **staff_auth)
     assert resumed.status_code == 200 and resumed.data["ok"] is True

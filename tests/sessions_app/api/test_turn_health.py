@@ -166,6 +166,7 @@ def test_the_openapi_document_describes_retry_blocked_waiting_and_closed(client)
         "idle",
         "running",
         "waiting_approval",
+        "waiting_task",
         "waiting_reconcile",
         "blocked",
         "suspended",

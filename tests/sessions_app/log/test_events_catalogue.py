@@ -37,6 +37,7 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"text": "after this", "lane": "follow_up"},
         {"text": "note", "lane": "passive", "by": "owner", "idempotency_key": "k"},
         {"text": "wake", "lane": "follow_up", "by": "schedule:1", "schedule_id": "1"},
+        {"text": "[task t (command) completed] {}", "lane": "follow_up", "by": "task:t", "task_id": "t"},
     ],
     "input/withdrawn": [
         {"source_seq": 4, "lane": "steer", "inbox_to": 6, "by": "owner"},
@@ -273,6 +274,26 @@ VALID: dict[str, list[dict[str, Any]]] = {
         {"name": "a", "incarnation": 1, "reason": "deleted"},
         {"name": "a", "incarnation": 2, "reason": "task_ended", "by": "x"},
     ],
+    "task/started": [
+        {"task_id": "t", "kind": "command", "version": 1, "background": True, "call_id": "c", "argv": ["sh"]},
+        {"task_id": "t", "kind": "subagent", "version": 1, "background": False, "profile": "p", "child_session": "s"},
+    ],
+    "task/waiting": [
+        {"call_id": "c", "task_ids": ["t"], "live": 1},
+        {"call_id": "c", "task_ids": ["t"], "live": 0, "deadline_at": "2026-12-05T10:00:00+00:00"},
+    ],
+    "task/wait_ended": [{"call_id": "c", "reason": "timeout", "live": 2}],
+    "task/progress": [{"task_id": "t", "age_s": 1.5, "output": "so far"}, {"task_id": "t", "age_s": 0}],
+    "task/completed": [
+        {"task_id": "t", "kind": "command", "waited": True, "outcome": {"exit_code": 0, "output": ""}},
+        {"task_id": "t", "kind": "subagent", "waited": False, "outcome": {"answer": "a"}, "generation": 1},
+    ],
+    "task/failed": [
+        {"task_id": "t", "kind": "command", "waited": False, "reason": {"code": "supervisor_lost"}},
+        {"task_id": "t", "kind": "command", "waited": True, "outcome": None, "reason": {"code": "timeout"}},
+    ],
+    "task/cancelled": [{"task_id": "t", "kind": "command", "waited": True, "reason": {"code": "cancelled"}}],
+    "task/blocked": [{"task_id": "t", "code": "definition_missing", "what": "task kind command v1", "reason": "r"}],
 }
 
 INVALID: dict[str, list[Any]] = {
@@ -431,6 +452,14 @@ INVALID: dict[str, list[Any]] = {
         {"name": "a", "incarnation": 0, "reason": "deleted"},
         {"name": "a", "incarnation": 1, "reason": "gone"},
     ],
+    "task/started": [{"task_id": "t", "kind": "command", "version": 0, "background": True}, {"task_id": "t"}],
+    "task/waiting": [{"call_id": "c", "task_ids": ["t"]}, {"call_id": "", "task_ids": [], "live": 0}],
+    "task/progress": [{"task_id": "t"}, {"task_id": "t", "age_s": -1}],
+    "task/wait_ended": [{"call_id": "c", "reason": "late", "live": 1}, {"call_id": "c", "reason": "timeout"}],
+    "task/completed": [{"task_id": "t", "kind": "command"}, {"task_id": "", "kind": "command", "waited": True}],
+    "task/failed": [{"task_id": "t", "waited": True}],
+    "task/cancelled": [{"task_id": "t", "kind": "command", "waited": "yes"}],
+    "task/blocked": [{"task_id": "t"}, {"task_id": "t", "code": ""}],
 }
 
 EXPECTED_MODEL_VISIBLE = {"user/message", "context/injected", "assistant/message", "tool/result", "session/compacted"}

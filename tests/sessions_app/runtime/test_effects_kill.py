@@ -23,6 +23,7 @@ import pytest
 from sessions_app import services
 from sessions_app.models import AgentProfile, DocumentVersion, Event, Session
 from sessions_app.runtime.effects import effects, effects_audit
+from sessions_app.runtime.owned.audit import tasks_audit
 from sessions_app.services.effects import resolve
 from sessions_app.tools.builtins import CHARGES_FILE, workspace_dir
 from tests.fakes.effects_mcp_server import executions, fx_server
@@ -87,6 +88,8 @@ def assert_recovered(session: Session, label: str) -> None:
     audit = effects_audit(session.id)
     print(f"\neffects_audit [{label}] counts={audit.counts} ok={audit.ok} problems={audit.problems}")
     assert audit.ok, audit.problems
+    tasks = tasks_audit(session.id)
+    assert tasks.ok, tasks.problems
 
 
 def test_kill_9_between_intent_and_effect_of_a_never_tool_waits_for_an_operator(

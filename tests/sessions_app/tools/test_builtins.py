@@ -68,6 +68,10 @@ def test_builtins_catalogue_and_flags():
         "monitor.create",
         "monitor.list",
         "monitor.cancel",
+        "task.start",
+        "task.wait",
+        "task.status",
+        "task.cancel",
     }
     for name, defn in BUILTINS.items():
         assert defn.name == name
@@ -86,6 +90,10 @@ def test_builtins_catalogue_and_flags():
             "safe",
         )
     assert BUILTINS["schedule.list"].mutating is False
+    # Owned work: starting or cancelling a task asks (approval policy); task.start and task.wait park the turn.
+    for name in ("task.start", "task.cancel"):
+        assert (BUILTINS[name].mutating, BUILTINS[name].approval) == (True, "policy")
+    assert BUILTINS["task.start"].parks and BUILTINS["task.wait"].parks and not BUILTINS["task.status"].parks
     for name in ("clock.now", "workspace.read", "workspace.list", "debug.noop", "debug.sleep"):
         assert BUILTINS[name].mutating is False
         assert BUILTINS[name].approval == "never"

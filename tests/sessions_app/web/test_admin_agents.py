@@ -153,6 +153,9 @@ def form_data(**changes: Any) -> dict[str, Any]:
         "max_waiting_inputs": "1000",
         "max_waiting_bytes": "8388608",
         "max_passive_inputs": "100",
+        "command_allow": "[]",
+        "max_task_depth": "3",
+        "max_live_children": "8",
         # The page's inline (the profile's notification channels) sends its management form; none added here.
         "notify_settings-TOTAL_FORMS": "0",
         "notify_settings-INITIAL_FORMS": "0",
