@@ -23,7 +23,7 @@ from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app.actions import allowed
-from sessions_app.actions.words import status_label
+from sessions_app.actions.words import shown_state
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.runtime.limits import Exceeded
@@ -95,6 +95,9 @@ class EventRow:
     # An assistant/message's tool calls, one card each; a turn/end's usage.
     cards: tuple[CallCard, ...] = ()
     turn_usage: Totals | None = None
+    # A waiting input a budget holds: why (its input/held's words). The hold
+    # is shown on the input's own row, so a held input is one row.
+    held: str = ""
 
     @property
     def slug(self) -> str:
@@ -108,6 +111,7 @@ class EventRow:
         return (
             self.kind in META_KINDS
             or self.kind in CARD_QUIET
+            or self.kind == "input/held"
             or (self.kind in ("input/queued", "input/deferred") and not self.queued)
         )
 
@@ -162,6 +166,20 @@ def budget_reason_text(reason: Any) -> str:
         ).message
     except (KeyError, TypeError, ValueError):
         return ""
+
+
+def held_text(data: dict[str, Any]) -> str:
+    """An input/held's reason in words."""
+    return str(data.get("text") or "") or budget_reason_text(data.get("reason")) or "a budget is exhausted"
+
+
+def with_holds(rows: list[EventRow]) -> list[EventRow]:
+    """Each waiting input a budget holds carries the hold on its own row
+    (the input/held row itself is quiet)."""
+    holds = {int(r.data.get("source_seq") or 0): held_text(r.data) for r in rows if r.kind == "input/held"}
+    if not holds:
+        return rows
+    return [dataclasses.replace(r, held=holds[r.seq]) if r.queued and r.seq in holds else r for r in rows]
 
 
 def event_row(seq: int, kind: str, data: dict[str, Any], at: Any, inbox_seq: int, deferred_cursor: int = 0) -> EventRow:
@@ -451,6 +469,7 @@ class ChatFollower:
         rows = with_cards(self.session_id, rows)
         out: list[Fragment] = []
         landed: list[int] = []
+        holds: dict[int, str] = {}
         kinds = set()
         in_batch = {card.id for row in rows for card in row.cards}
         touched: set[str] = set()
@@ -477,10 +496,15 @@ class ChatFollower:
                 out.append(Fragment(self.bubble(None, "")))
             elif f["kind"] in ("user/message", "context/injected") and data.get("source_seq"):
                 landed.append(int(data["source_seq"]))
-        for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=landed).values_list(
+            elif f["kind"] == "input/held" and data.get("source_seq"):
+                holds[int(data["source_seq"])] = held_text(data)
+        redrawn = landed + [seq for seq in holds if seq not in landed]
+        for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=redrawn).values_list(
             "seq", "kind", "data", "created_at"
         ):
             row = event_row(seq, kind, data, at, session.inbox_seq, getattr(session, "deferred_cursor", 0))
+            if row.queued and seq in holds:
+                row = dataclasses.replace(row, held=holds[seq])
             out.append(row_fragment(self.session_id, row, oob="outerHTML"))
         if touched:
             since = self.turn_seq or (session.open_turn_seq or 0)
@@ -514,7 +538,8 @@ class ChatFollower:
 def facts_context(session: Session, user: Any, *, oob: bool = False) -> dict[str, Any]:
     return {
         "session": session,
-        "status_label": status_label(session.status),
+        "state": shown_state(session)[0],
+        "status_label": shown_state(session)[1],
         "blocked": blocked_info(session),
         "waiting": waiting_info(session),
         "cost_text": format_cost(session.cost, session.unpriced_entries),
