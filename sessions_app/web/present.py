@@ -64,6 +64,9 @@ APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/sta
 EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/end"})
 # ... and for its budget figures (spend, limits, what is exhausted).
 BUDGET_MOVES = frozenset({"budget/updated", "usage/recorded", "step/end", "turn/start", "turn/end", "input/held"})
+# The composer's notice ("Queued: ...", "Held: ...") emptied: sent once
+# the input it speaks of is answered (it lands, or a turn takes it in).
+NOTICE_CLEARED = '<p id="composer-notice" class="note composer-notice" role="status" hx-swap-oob="true"></p>'
 # How much of a pending effect's arguments the notice shows.
 EFFECT_ARGS_CHARS = 200
 
@@ -510,6 +513,8 @@ class ChatFollower:
             since = self.turn_seq or (session.open_turn_seq or 0)
             out.extend(Fragment(card_swaps(c)) for c in call_cards(self.session_id, touched, since_seq=since))
         out.append(Fragment(render_to_string("sessions/chat.html#facts", facts_context(session, self.user, oob=True))))
+        if landed or "turn/start" in kinds:
+            out.append(Fragment(NOTICE_CLEARED))
         if "session/titled" in kinds:
             out.append(Fragment(render_to_string("sessions/chat.html#title", {"session": session, "oob": True})))
         if kinds & APPROVAL_MOVES:
