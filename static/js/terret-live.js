@@ -222,6 +222,16 @@
     if (meta) meta.addEventListener("change", regroup);
   });
 
+  // A schedule's time is typed as the reader's local time (datetime-local):
+  // send the browser's offset from UTC at that moment with it (web/schedules.py).
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (!form || form.id !== "schedule-form") return;
+    var at = form.querySelector("input[type=datetime-local]"), offset = form.querySelector("input[name=tz_offset]");
+    if (!at || !offset) return;
+    offset.value = at.value ? String(new Date(at.value).getTimezoneOffset()) : "";
+  }, true);
+
   // For tests and debugging only.
   window.terretLive = { lastSeq: lastSeq };
 })();
