@@ -41,13 +41,21 @@ def long_session(alice: Any, profile: Any, turns: int = 25) -> Any:
         log.append(session.id, "user/message", {"text": f"question {i}: tell me about harbour {i}"})
         log.append(session.id, "step/start", {"step": 1, "model": "demo/offline"})
         call = {"id": f"c{i}", "name": "clock.now", "arguments": "{}"}
-        log.append(session.id, "assistant/message", {"content": f"Let me check the time for {i}.", "tool_calls": [call]})
-        log.append(session.id, "tool/result", {"call_id": f"c{i}", "name": "clock.now", "content": "12:00", "is_error": False})
-        log.append(session.id, "step/end", {"step": 1, "usage": {"prompt_tokens": 5, "completion_tokens": 3, "cost": 0.001}})
+        log.append(
+            session.id, "assistant/message", {"content": f"Let me check the time for {i}.", "tool_calls": [call]}
+        )
+        log.append(
+            session.id, "tool/result", {"call_id": f"c{i}", "name": "clock.now", "content": "12:00", "is_error": False}
+        )
+        log.append(
+            session.id, "step/end", {"step": 1, "usage": {"prompt_tokens": 5, "completion_tokens": 3, "cost": 0.001}}
+        )
         log.append(session.id, "step/start", {"step": 2, "model": "demo/offline"})
         text = f"Harbour {i} is calm.\n\n```python\ndef harbour():\n    return {i}\n```"
         log.append(session.id, "assistant/message", {"content": text, "tool_calls": []})
-        log.append(session.id, "step/end", {"step": 2, "usage": {"prompt_tokens": 5, "completion_tokens": 3, "cost": None}})
+        log.append(
+            session.id, "step/end", {"step": 2, "usage": {"prompt_tokens": 5, "completion_tokens": 3, "cost": None}}
+        )
         log.append(session.id, "turn/end", {"status": "completed"})
     return session
 
