@@ -50,6 +50,8 @@ META_KINDS = frozenset(
         "agent/waiting",
         # An intent is bookkeeping; an unknown outcome and its resolution are not.
         "tool/attempt",
+        # The input a schedule delivered shows as its own row, labelled Scheduled.
+        "schedule/fired",
     }
 )
 # The events of one tool call after the message that made it: shown together
@@ -101,6 +103,24 @@ class EventRow:
     # A waiting input a budget holds: why (its input/held's words). The hold
     # is shown on the input's own row, so a held input is one row.
     held: str = ""
+    # Who sent an input that no person typed: "schedule" or "monitor" (from
+    # the input's `by`; a placed message's from the input it came from).
+    origin: str = ""
+
+    @property
+    def sender(self) -> str:
+        """The origin of an input as a label ("" for a person's)."""
+        origin = self.origin or origin_of(self.data.get("by"))
+        return ORIGIN_LABELS.get(origin, "")
+
+    @property
+    def sentence_who(self) -> str:
+        return SENTENCE_KINDS.get(self.kind, "")
+
+    @property
+    def sentence(self) -> str:
+        """A bookkeeping event (budget/*, schedule/*, an operator's hold) as a short sentence."""
+        return bookkeeping_sentence(self.kind, self.data)
 
     @property
     def slug(self) -> str:
@@ -157,6 +177,96 @@ class EventRow:
     @property
     def data_json(self) -> str:
         return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+
+
+ORIGIN_LABELS = {"schedule": "Scheduled", "monitor": "Monitor"}
+# The kinds whose row is one short sentence (bookkeeping_sentence), and who it is by.
+SENTENCE_KINDS = {
+    "budget/updated": "Budget",
+    "schedule/created": "Schedule",
+    "schedule/cancelled": "Schedule",
+    "schedule/paused": "Schedule",
+    "session/suspended": "Operator",
+    "session/resumed": "Operator",
+    "session/revoked": "Operator",
+    "session/restored": "Operator",
+    "session/upgraded": "Agent version",
+}
+
+
+def origin_of(by: Any) -> str:
+    """ "schedule" or "monitor" for an input sent by one ("schedule:<id>", "monitor:<id>"); else ""."""
+    head = str(by or "").split(":", 1)[0]
+    return head if head in ORIGIN_LABELS else ""
+
+
+def _limit_words(data: dict[str, Any]) -> str:
+    parts = []
+    for name, label in (("cost_usd", "cost"), ("tokens", "tokens"), ("steps", "steps"), ("turns", "turns")):
+        value = data.get(name)
+        if value is not None:
+            parts.append(f"{label} ${value:g}" if name == "cost_usd" else f"{label} {value}")
+    return ", ".join(parts) or "no limits"
+
+
+def _by(data: dict[str, Any]) -> str:
+    by = str(data.get("by") or "")
+    return f" by {by}" if by else ""
+
+
+def _why(data: dict[str, Any]) -> str:
+    reason = str(data.get("reason") or "")
+    return f": {reason}" if reason else ""
+
+
+def bookkeeping_sentence(kind: str, data: dict[str, Any]) -> str:
+    """One short sentence for a bookkeeping event; "" for any other kind."""
+    if kind == "budget/updated":
+        return f"Budget set{_by(data)}: {_limit_words(data)}."
+    if kind == "schedule/created":
+        if data.get("cron"):
+            when = f"on cron {data['cron']} (UTC)"
+        elif data.get("every_seconds"):
+            when = f"every {data['every_seconds']} s"
+        else:
+            when = f"once, at {str(data.get('due_at') or '')[:16].replace('T', ' ')} UTC"
+        return f"Wake-up scheduled{_by(data)}, {when}{_why(data)}."
+    if kind == "schedule/cancelled":
+        return f"Schedule cancelled{_by(data)}{_why(data)}."
+    if kind == "schedule/paused":
+        return f"Schedule paused after {data.get('runs', 0)} runs{_why(data)}."
+    if kind == "session/suspended":
+        return f"Suspended{_by(data)}{_why(data)}: input is held until it is resumed."
+    if kind == "session/resumed":
+        return f"Resumed{_by(data)}{_why(data)}."
+    if kind == "session/revoked":
+        return f"Revoked{_by(data)}{_why(data)}: tools are denied and input is refused until it is restored."
+    if kind == "session/restored":
+        return f"Restored{_by(data)}{_why(data)}."
+    if kind == "session/upgraded":
+        return f"Moved to agent version {data.get('to')}{_by(data)}."
+    return ""
+
+
+def with_origins(session_id: uuid.UUID | str, rows: list[EventRow]) -> list[EventRow]:
+    """A message placed from an input a schedule or a monitor sent carries that
+    origin, so the page never labels it "You" (one read of those inputs)."""
+    placed = {
+        int(r.data["source_seq"]): r.seq
+        for r in rows
+        if r.kind in ("user/message", "context/injected") and r.data.get("source_seq")
+    }
+    if not placed:
+        return rows
+    origin: dict[int, str] = {}
+    sources = Event.objects.filter(session_id=session_id, seq__in=sorted(placed)).values_list("seq", "data")
+    for seq, data in sources:
+        found = origin_of((data or {}).get("by"))
+        if found:
+            origin[placed[seq]] = found
+    if not origin:
+        return rows
+    return [dataclasses.replace(r, origin=origin[r.seq]) if r.seq in origin else r for r in rows]
 
 
 def budget_reason_text(reason: Any) -> str:
@@ -469,7 +579,7 @@ class ChatFollower:
             )
             for f in parsed
         ]
-        rows = with_cards(self.session_id, rows)
+        rows = with_origins(self.session_id, with_cards(self.session_id, rows))
         out: list[Fragment] = []
         landed: list[int] = []
         holds: dict[int, str] = {}

@@ -47,6 +47,7 @@ from sessions_app.web.present import (
     facts_context,
     with_cards,
     with_holds,
+    with_origins,
 )
 
 # What an empty chat offers to type (the demo model's keywords, README "Try it").
@@ -72,7 +73,7 @@ def _event_rows(session: Session, *, before: int | None, upto: int) -> list[Even
     rows.reverse()
     cursor = getattr(session, "deferred_cursor", 0)
     shown = [event_row(seq, kind, data, at, session.inbox_seq, cursor) for seq, kind, data, at in rows]
-    return with_holds(with_cards(session.id, shown))
+    return with_origins(session.id, with_holds(with_cards(session.id, shown)))
 
 
 def _agent_id(session: Session) -> str:
