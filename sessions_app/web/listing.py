@@ -43,6 +43,39 @@ def _messages_matching(query: str) -> Any:
     return Event.objects.filter(said, session_id=OuterRef("pk"))
 
 
+def families(sessions: list[Session]) -> list[tuple[Session, int]]:
+    """The page's sessions with each fork under its parent (when both are on
+    the page), in the page's order otherwise: (session, depth). One read: the
+    forks' first events (session/forked names the parent)."""
+    ids = [s.id for s in sessions]
+    parent_of = {
+        str(sid): str((data or {}).get("parent", ""))
+        for sid, data in Event.objects.filter(session_id__in=ids, seq=1, kind="session/forked").values_list(
+            "session_id", "data"
+        )
+    }
+    on_page = {str(s.id) for s in sessions}
+    children: dict[str, list[Session]] = {}
+    roots = []
+    for s in sessions:
+        parent = parent_of.get(str(s.id), "")
+        if parent in on_page:
+            children.setdefault(parent, []).append(s)
+        else:
+            roots.append(s)
+    out: list[tuple[Session, int]] = []
+
+    def add(s: Session, depth: int) -> None:
+        out.append((s, depth))
+        for child in children.get(str(s.id), []):
+            if len(out) <= len(sessions):  # forks form a tree; the bound only guards against bad data
+                add(child, depth + 1)
+
+    for s in roots:
+        add(s, 0)
+    return out
+
+
 def list_context(user: Any, page_number: Any, *, query: str = "", archived: bool = False) -> dict[str, Any]:
     query = " ".join(query.split())[:MAX_QUERY_CHARS]
     qs = actions.visible(user, Session.objects.all())
@@ -60,8 +93,9 @@ def list_context(user: Any, page_number: Any, *, query: str = "", archived: bool
             "state": shown_state(s)[0],
             "status_label": shown_state(s)[1],
             "cost_text": format_cost(s.cost, s.unpriced_entries),
+            "depth": depth,
         }
-        for s in page.object_list
+        for s, depth in families(list(page.object_list))
     ]
     show_owner = actions.sees_all(user)
     # Only the plain list follows live: a search or the archive is a snapshot.

@@ -124,7 +124,8 @@
     const bar = document.createElement("div");
     bar.className = "fork-actions msg-actions";
     const copy = button("Copy", "copy-message", () => copyMessage(li, seq, copy));
-    copy.setAttribute("aria-label", "Copy message");
+    // Not "Copy message": the composer is found by its label "Message".
+    copy.setAttribute("aria-label", "Copy the whole text");
     bar.appendChild(copy);
     // A fork's seed (its copied history) forks only as a whole: act on the parent instead.
     if (seq > Number(cfg.dataset.seedUpto || 0)) {
@@ -153,10 +154,32 @@
     }
   }
 
+  // The `‹ 1/2 ›` branch switchers, after the event they name and its marks.
+  function placeSwitches() {
+    const list = document.getElementById("fork-switches");
+    if (!list) return;
+    for (const item of list.querySelectorAll("li[data-at]")) {
+      const at = item.dataset.at;
+      const row = document.getElementById(`ev-${at}`);
+      const id = `branch-switch-${at}`;
+      if (!row || document.getElementById(id)) continue;
+      let after = row;
+      while (after.nextElementSibling && after.nextElementSibling.classList.contains("fork-mark")) {
+        after = after.nextElementSibling;
+      }
+      const sw = document.createElement("li");
+      sw.className = "branch-switch";
+      sw.id = id;
+      sw.innerHTML = item.innerHTML;
+      after.after(sw);
+    }
+  }
+
   function refresh() {
     if (!config()) return;
     document.querySelectorAll("#log > li.ev").forEach(decorate);
     placeMarks();
+    placeSwitches();
   }
 
   // Rows arrive by the page's socket (htmx out-of-band swaps, which may also

@@ -170,7 +170,7 @@ def test_one_header_line_a_menu_a_side_panel_and_one_bubble_per_turn(
     # Hover actions: copy a whole message; edit and resend; regenerate.
     last = replies.last
     last.hover()
-    copy = last.get_by_role("button", name="Copy message")
+    copy = last.get_by_role("button", name="Copy the whole text")
     expect(copy).to_be_visible()
     expect(last.get_by_role("button", name="Regenerate")).to_be_visible()
     copy.click()

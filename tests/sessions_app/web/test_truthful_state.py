@@ -107,3 +107,19 @@ def test_search_finds_a_session_by_what_was_said(owner: Any, chat: Session, prof
     # another user's messages are never searched into view
     stranger = client_for(make_user("mallory"))
     assert f"row-{chat.id}" not in stranger.get(reverse("sessions:list"), {"q": "zanzibar"}).content.decode()
+
+
+def test_the_list_groups_a_family_under_its_root(owner: Any, profile: Any) -> None:
+    """Issue 34, part 2: forks are listed under the session they came from."""
+    root = services.create_session(owner, profile)
+    other = services.create_session(owner, profile)
+    fork = services.create_session(owner, profile)
+    log.append(fork.id, "session/forked", {"parent": str(root.id), "at_seq": 1, "policy": "historical", "seed_upto": 1})
+    # The fork and the other session are newer, so by activity alone they would come first.
+    for s, title in ((root, "Root talk"), (other, "Other talk"), (fork, "Root talk (fork)")):
+        log.append(s.id, "session/titled", {"title": title})
+    html = client_for(owner).get(reverse("sessions:list")).content.decode()
+    order = re.findall(r'<tr id="row-([0-9a-f-]{36})"', html)
+    assert order.index(str(fork.id)) == order.index(str(root.id)) + 1
+    fork_row = re.search(rf'<tr id="row-{fork.id}"[^>]*>', html)
+    assert fork_row and 'class="fork-row"' in fork_row.group(0) and f'<tr id="row-{root.id}">' in html
