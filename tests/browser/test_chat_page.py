@@ -192,3 +192,45 @@ def test_one_header_line_a_menu_a_side_panel_and_one_bubble_per_turn(
     shot(page, f"chat-dark-{width}.png")
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     assert page.js_errors == []
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_two_lanes_land_where_their_labels_say_and_the_notice_clears(
+    width: int,
+    start_server: Callable[..., Any],
+    new_page: Callable[..., Any],
+    make_user: Callable[..., Any],
+    demo_profile: Any,
+) -> None:
+    from sessions_app import services
+    from sessions_app.models import Event
+
+    server = start_server(TERRET_WORKER="inprocess", TERRET_DEMO_DELAY="0.15")
+    alice = make_user("alice")
+    session = services.create_session(alice, demo_profile)
+    page = new_page(server, alice, width=width)
+    page.goto(f"/sessions/{session.id}/")
+    expect(page.locator("#live")).to_have_text("live")
+    page.get_by_label("Message").fill("tell me a long story about the sea, the wind and the boats in the harbour")
+    page.get_by_role("button", name="Send", exact=True).click()
+    expect(page.locator("#streaming")).to_be_visible(timeout=20_000)
+
+    # Both lanes in one reply, the follow-up first: each lands where its label says.
+    page.get_by_label("Message").fill("FOLLOW after the turn")
+    page.get_by_role("button", name="Send after this turn").click()
+    notice = page.locator("#composer-notice")
+    expect(notice).to_contain_text("new turn when this one ends")
+    page.get_by_label("Message").fill("STEER right now")
+    page.get_by_role("button", name="Steer now").click()
+    expect(notice).to_contain_text("rides the agent's next step")
+    deferred = list(Event.objects.filter(session=session, kind="input/deferred").values_list("data", flat=True))
+    queued = list(Event.objects.filter(session=session, kind="input/queued").values_list("data", flat=True))
+    assert [(d["text"], d["lane"]) for d in deferred] == [("FOLLOW after the turn", "follow_up")]
+    assert [d["text"] for d in queued] == ["STEER right now"]
+    expect(page.locator("#log li.k-input-deferred")).to_contain_text("After this turn")
+    # The steer is answered (it lands in the running turn): the notice clears.
+    expect(page.locator("#log li.k-context-injected")).to_contain_text("STEER right now", timeout=30_000)
+    expect(notice).to_be_empty()
+    expect(page.locator("#log li.k-user-message").last).to_contain_text("FOLLOW after the turn", timeout=60_000)
+    shot(page, f"chat-lanes-{width}.png")
+    assert page.js_errors == []
