@@ -32,6 +32,7 @@ from django.views.decorators.vary import vary_on_headers
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import actions
 from sessions_app.actions import session_for
+from sessions_app.actions.files import workspace_files
 from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Event, Session
@@ -123,6 +124,7 @@ def _chat_context(
         "form": form or MessageForm(),
         "chat_url": url,
         "empty_chat": not session.turns and not session.last_input_seq,
+        "files": workspace_files(request.user, session.id),
         **composer_context(),
     }
 
