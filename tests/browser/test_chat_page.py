@@ -129,6 +129,9 @@ def test_one_header_line_a_menu_a_side_panel_and_one_bubble_per_turn(
     page.locator("#chat-menu > summary").click()
     expect(page.locator("#compact-button")).to_be_visible()
     expect(page.locator("#archive-button")).to_be_visible()
+    menu = page.locator("#chat-menu .menu-body").bounding_box()
+    assert menu["x"] >= 0 and menu["x"] + menu["width"] <= width, menu  # the menu fits the screen
+    shot(page, f"chat-menu-{width}.png")
     page.locator("#chat-menu > summary").click()
 
     # The side panel (a sheet on a phone) holds context, budget and schedules; the budget form fits.
@@ -145,6 +148,9 @@ def test_one_header_line_a_menu_a_side_panel_and_one_bubble_per_turn(
         assert b["x"] + b["width"] <= width, (field, b)
     page.locator("#schedules summary").click()
     expect(page.locator("#schedule-form")).to_be_visible()
+    expect(page.locator("#schedule_due_at")).to_be_visible()
+    page.locator("#files summary").click()
+    expect(page.locator("#files")).to_contain_text("No files yet")
     if width < 700:
         pb = panel.bounding_box()
         assert pb["y"] > 0 and abs(pb["width"] - width) < 2  # a sheet from the bottom
