@@ -123,3 +123,15 @@ def test_the_list_groups_a_family_under_its_root(owner: Any, profile: Any) -> No
     assert order.index(str(fork.id)) == order.index(str(root.id)) + 1
     fork_row = re.search(rf'<tr id="row-{fork.id}"[^>]*>', html)
     assert fork_row and 'class="fork-row"' in fork_row.group(0) and f'<tr id="row-{root.id}">' in html
+
+
+def test_a_turn_with_no_progress_reads_stalled_until_something_happens(owner: Any, chat: Session) -> None:
+    log.append(chat.id, "turn/start", {"by": "test"})
+    # A worker holds the lease (the runtime writes these columns; the log has no event for them).
+    Session.objects.filter(id=chat.id).update(lease_owner="worker-1")
+    log.append(chat.id, "turn/stalled", {"since": "2026-12-05T12:00:00+00:00", "phase": "model"})
+    c = client_for(owner)
+    assert chat_badge(c.get(reverse("sessions:chat", args=[chat.id])).content.decode()) == "stalled:stalled"
+    assert badge(c.get(reverse("sessions:list")).content.decode(), chat) == "stalled:stalled"
+    log.append(chat.id, "step/start", {"step": 1, "model": "test/model"})  # progress: the report no longer stands
+    assert chat_badge(c.get(reverse("sessions:chat", args=[chat.id])).content.decode()) == "running:running"
