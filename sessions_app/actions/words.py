@@ -8,6 +8,7 @@ from typing import Any
 
 from sessions_app.actions.sessions import compact
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
+from sessions_app.log.reads import stall_stands
 
 STATUS_LABELS = {
     "idle": "idle",
@@ -23,6 +24,35 @@ STATUS_LABELS = {
 
 def status_label(status: str) -> str:
     return STATUS_LABELS.get(status, status)
+
+
+def shown_state(session: Any) -> tuple[str, str]:
+    """(css class, words) of what a session is doing, for badges and tables.
+
+    `Session.status` reads "idle" whenever no turn is open, which hides an
+    operator's hold, a budget holding input, or a turn owed but not yet taken
+    by a worker; people read this instead (docs/protocol.md, "States as shown").
+    Read from the session row alone (no query)."""
+    status = session.status
+    if session.revoked_seq is not None:
+        return "revoked", "revoked"
+    if session.suspended_seq is not None:
+        return "suspended", "held (suspended)"
+    if status != "idle":
+        if status == "running":
+            if stall_stands(session):
+                return "stalled", "stalled"
+            if not session.lease_owner:
+                return "waiting_task", "waiting for a task"
+        return status, status_label(status)
+    if session.held_seq is not None:
+        return "held", "held (budget)"
+    if session.waiting_seq is not None:
+        return "waiting_task", "waiting for an agent slot"
+    # Owed a turn (the sweep's owed(), runtime/sweep.py): a task is queued or about to be.
+    if session.queued_follow_ups > 0 or (session.woken_steers > 0 and session.last_input_seq > session.inbox_seq):
+        return "waiting_task", "waiting for a task"
+    return "idle", "idle"
 
 
 def compact_outcome(user: Any, session_id: Any) -> tuple[bool, str]:

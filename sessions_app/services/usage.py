@@ -83,11 +83,10 @@ def totals_of(row: Session | UsageDay | Mapping[str, Any]) -> Totals:
 
 
 def format_cost(cost: Decimal | float | int, unpriced: int) -> str:
-    """Display text: $0.0123, $0.0123 + 2 unpriced, or just "unpriced" when
-    nothing was priced. An unknown price is never shown as $0."""
+    """Display text: $0.0123, or $0.0123 + 2 unpriced. The priced part always
+    shows, and the unpriced calls are counted beside it, so an unknown price
+    neither reads as $0 nor hides what is known (issue 34)."""
     amount = Decimal(str(cost))
-    if unpriced and not amount:
-        return "unpriced"
     text = f"${amount:.4f}"
     return f"{text} + {unpriced} unpriced" if unpriced else text
 

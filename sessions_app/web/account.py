@@ -1,9 +1,11 @@
 """The user's settings page: API tokens, created (shown once) and revoked;
 how the person is told when something needs them (notifications).
 
-Writes go through services/tokens.py. A new token is shown in the response
-to the POST that made it and never again (only its hash is stored); the
-page is no-store so Back cannot bring it back from a cache.
+Writes go through services/tokens.py. A new token is shown once: the POST
+that made it redirects to the page (post, redirect, get: reloading the page
+makes no second token), which takes the raw token out of the user's server-
+side session as it shows it, so a reload or Back shows it no more (only its
+hash is stored; the page is no-store).
 """
 
 from __future__ import annotations
@@ -34,9 +36,18 @@ def _page(request: HttpRequest, *, status: int = 200, **extra: Any) -> HttpRespo
     return response
 
 
+# Where the raw token waits, in the user's session, for the one GET that shows it.
+NEW_TOKEN_KEY = "terret_new_token"  # noqa: S105 - a session key's name, not a secret
+
+
 @login_required
 @require_GET
 def settings_page(request: HttpRequest) -> HttpResponse:
+    made = request.session.pop(NEW_TOKEN_KEY, None)
+    if isinstance(made, dict):
+        row = tokens.tokens_of(request.user).filter(pk=made.get("id")).first()
+        if row is not None:
+            return _page(request, new_token=made.get("raw", ""), new_token_row=row)
     return _page(request)
 
 
@@ -48,7 +59,8 @@ def token_create(request: HttpRequest) -> HttpResponse:
         token, raw = tokens.create_token(request.user, name)
     except TerretError as exc:
         return _page(request, status=400, token_error=str(exc), token_name=name)
-    return _page(request, new_token=raw, new_token_row=token)
+    request.session[NEW_TOKEN_KEY] = {"id": token.pk, "raw": raw}
+    return redirect("sessions:settings")
 
 
 @login_required

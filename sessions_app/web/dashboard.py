@@ -31,7 +31,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from sessions_app import actions
-from sessions_app.actions.words import compact_outcome, status_label
+from sessions_app.actions.words import compact_outcome, shown_state
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
 from sessions_app.services.budgets import BudgetView, daily_budgets, session_budget
@@ -59,7 +59,11 @@ class SessionRow:
 
     @property
     def status_label(self) -> str:
-        return status_label(self.session.status)
+        return shown_state(self.session)[1]
+
+    @property
+    def state(self) -> str:
+        return shown_state(self.session)[0]
 
 
 def _agent_id(session: Session) -> str:

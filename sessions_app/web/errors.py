@@ -10,6 +10,10 @@ are left to the API, which answers in JSON.
 The access rule's two refusals (sessions_app.actions.access) become pages
 here too, so no view converts them itself: `UnknownSession` is the styled
 404 (a foreign id and a missing one look alike), `NotAllowed` the 403.
+
+With DEBUG on, Django answers a path no URL matches (a malformed session id,
+say) with its technical 404, which lists every URL pattern: a person
+following a stale link gets the styled page instead (issue 34).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -24,6 +29,8 @@ from django.shortcuts import render
 from sessions_app.errors import NotAllowed, UnknownSession, UnknownTask
 
 API_PREFIX = "/api/"
+# What only Django's technical 404 page says (django/views/templates/technical_404.html).
+TECHNICAL_404_MARK = b"DEBUG = True</code>"
 
 
 def _message(exception: BaseException | None, default: str) -> str:
@@ -53,7 +60,16 @@ class QuietForbiddenMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> Any:
-        return self.get_response(request)
+        response = self.get_response(request)
+        if (
+            settings.DEBUG
+            and response.status_code == 404
+            and not request.path.startswith(API_PREFIX)
+            and not getattr(response, "streaming", False)
+            and TECHNICAL_404_MARK in response.content
+        ):
+            return not_found(request)
+        return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if request.path.startswith(API_PREFIX):

@@ -55,13 +55,62 @@ def panel_context(request: HttpRequest, session: Session) -> dict[str, Any]:
         str(s.id): s for s in actions.visible(request.user, Session.objects.filter(id__in=[n["child"] for n in notes]))
     }
     marks = [{**n, "session": children[n["child"]]} for n in notes if n["child"] in children]
+    seed = forks.seed_upto(session.id)
     return {
         "session": session,
         "origin": origin,
         "parent": parent,
         "marks": marks,
-        "seed_upto": forks.seed_upto(session.id),
+        "seed_upto": seed,
+        "switches": _switches(request, session, origin, parent, marks, seed),
     }
+
+
+def _branch(session: Session, at: int | None = None) -> dict[str, Any]:
+    return {"id": session.id, "title": session.title or "Untitled session", "url": _chat(session.id, at)}
+
+
+def _switch(at: int, place: int, branches: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    """A branch switcher (i of n): shown after event `place` of this page, moving
+    between the branches taken at the parent's event `at`."""
+    return {
+        "at": at,
+        "place": place,
+        "index": index + 1,
+        "count": len(branches),
+        "prev": branches[index - 1] if index > 0 else None,
+        "next": branches[index + 1] if index + 1 < len(branches) else None,
+    }
+
+
+def _switches(
+    request: HttpRequest,
+    session: Session,
+    origin: dict[str, Any] | None,
+    parent: Session | None,
+    marks: list[dict[str, Any]],
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Branches in place (issue 34): the forks taken at one event of a session
+    are branches of one conversation, the session itself the first. On the
+    parent, a switcher at each event forked from; on a fork, one at the end
+    of its seed (where it parted), among its parent's forks at that event."""
+    out = []
+    by_at: dict[int, list[dict[str, Any]]] = {}
+    for mark in marks:
+        by_at.setdefault(int(mark["at_seq"]), []).append(_branch(mark["session"]))
+    for at, kids in sorted(by_at.items()):
+        out.append(_switch(at, at, [_branch(session, at), *kids], 0))
+    if origin is not None and parent is not None:
+        at = int(origin["at_seq"])
+        ids = [n["child"] for n in forks.forks_of(parent.id) if int(n["at_seq"]) == at]
+        seen = {str(s.id): s for s in actions.visible(request.user, Session.objects.filter(id__in=ids))}
+        siblings = [seen[i] for i in ids if i in seen]
+        branches = [_branch(parent, at), *(_branch(s) for s in siblings)]
+        index = next((i for i, s in enumerate(siblings, start=1) if s.id == session.id), None)
+        if index is not None and seed:
+            out.append(_switch(at, seed, branches, index))
+    return out
 
 
 @login_required

@@ -23,7 +23,7 @@ from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app.actions import allowed
-from sessions_app.actions.words import status_label
+from sessions_app.actions.words import shown_state
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.runtime.limits import Exceeded
@@ -50,6 +50,8 @@ META_KINDS = frozenset(
         "agent/waiting",
         # An intent is bookkeeping; an unknown outcome and its resolution are not.
         "tool/attempt",
+        # The input a schedule delivered shows as its own row, labelled Scheduled.
+        "schedule/fired",
     }
 )
 # The events of one tool call after the message that made it: shown together
@@ -75,6 +77,9 @@ APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/sta
 EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/end"})
 # ... and for its budget figures (spend, limits, what is exhausted).
 BUDGET_MOVES = frozenset({"budget/updated", "usage/recorded", "step/end", "turn/start", "turn/end", "input/held"})
+# The composer's notice ("Queued: ...", "Held: ...") emptied: sent once
+# the input it speaks of is answered (it lands, or a turn takes it in).
+NOTICE_CLEARED = '<p id="composer-notice" class="note composer-notice" role="status" hx-swap-oob="true"></p>'
 # How much of a pending effect's arguments the notice shows.
 EFFECT_ARGS_CHARS = 200
 
@@ -106,6 +111,27 @@ class EventRow:
     # An assistant/message's tool calls, one card each; a turn/end's usage.
     cards: tuple[CallCard, ...] = ()
     turn_usage: Totals | None = None
+    # A waiting input a budget holds: why (its input/held's words). The hold
+    # is shown on the input's own row, so a held input is one row.
+    held: str = ""
+    # Who sent an input that no person typed: "schedule" or "monitor" (from
+    # the input's `by`; a placed message's from the input it came from).
+    origin: str = ""
+
+    @property
+    def sender(self) -> str:
+        """The origin of an input as a label ("" for a person's)."""
+        origin = self.origin or origin_of(self.data.get("by"))
+        return ORIGIN_LABELS.get(origin, "")
+
+    @property
+    def sentence_who(self) -> str:
+        return SENTENCE_KINDS.get(self.kind, "")
+
+    @property
+    def sentence(self) -> str:
+        """A bookkeeping event (budget/*, schedule/*, an operator's hold) as a short sentence."""
+        return bookkeeping_sentence(self.kind, self.data)
 
     @property
     def slug(self) -> str:
@@ -119,6 +145,7 @@ class EventRow:
         return (
             self.kind in META_KINDS
             or self.kind in CARD_QUIET
+            or self.kind == "input/held"
             or (self.kind in ("input/queued", "input/deferred") and not self.queued)
         )
 
@@ -174,6 +201,96 @@ class EventRow:
         return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
 
 
+ORIGIN_LABELS = {"schedule": "Scheduled", "monitor": "Monitor"}
+# The kinds whose row is one short sentence (bookkeeping_sentence), and who it is by.
+SENTENCE_KINDS = {
+    "budget/updated": "Budget",
+    "schedule/created": "Schedule",
+    "schedule/cancelled": "Schedule",
+    "schedule/paused": "Schedule",
+    "session/suspended": "Operator",
+    "session/resumed": "Operator",
+    "session/revoked": "Operator",
+    "session/restored": "Operator",
+    "session/upgraded": "Agent version",
+}
+
+
+def origin_of(by: Any) -> str:
+    """ "schedule" or "monitor" for an input sent by one ("schedule:<id>", "monitor:<id>"); else ""."""
+    head = str(by or "").split(":", 1)[0]
+    return head if head in ORIGIN_LABELS else ""
+
+
+def _limit_words(data: dict[str, Any]) -> str:
+    parts = []
+    for name, label in (("cost_usd", "cost"), ("tokens", "tokens"), ("steps", "steps"), ("turns", "turns")):
+        value = data.get(name)
+        if value is not None:
+            parts.append(f"{label} ${value:g}" if name == "cost_usd" else f"{label} {value}")
+    return ", ".join(parts) or "no limits"
+
+
+def _by(data: dict[str, Any]) -> str:
+    by = str(data.get("by") or "")
+    return f" by {by}" if by else ""
+
+
+def _why(data: dict[str, Any]) -> str:
+    reason = str(data.get("reason") or "")
+    return f": {reason}" if reason else ""
+
+
+def bookkeeping_sentence(kind: str, data: dict[str, Any]) -> str:
+    """One short sentence for a bookkeeping event; "" for any other kind."""
+    if kind == "budget/updated":
+        return f"Budget set{_by(data)}: {_limit_words(data)}."
+    if kind == "schedule/created":
+        if data.get("cron"):
+            when = f"on cron {data['cron']} (UTC)"
+        elif data.get("every_seconds"):
+            when = f"every {data['every_seconds']} s"
+        else:
+            when = f"once, at {str(data.get('due_at') or '')[:16].replace('T', ' ')} UTC"
+        return f"Wake-up scheduled{_by(data)}, {when}{_why(data)}."
+    if kind == "schedule/cancelled":
+        return f"Schedule cancelled{_by(data)}{_why(data)}."
+    if kind == "schedule/paused":
+        return f"Schedule paused after {data.get('runs', 0)} runs{_why(data)}."
+    if kind == "session/suspended":
+        return f"Suspended{_by(data)}{_why(data)}: input is held until it is resumed."
+    if kind == "session/resumed":
+        return f"Resumed{_by(data)}{_why(data)}."
+    if kind == "session/revoked":
+        return f"Revoked{_by(data)}{_why(data)}: tools are denied and input is refused until it is restored."
+    if kind == "session/restored":
+        return f"Restored{_by(data)}{_why(data)}."
+    if kind == "session/upgraded":
+        return f"Moved to agent version {data.get('to')}{_by(data)}."
+    return ""
+
+
+def with_origins(session_id: uuid.UUID | str, rows: list[EventRow]) -> list[EventRow]:
+    """A message placed from an input a schedule or a monitor sent carries that
+    origin, so the page never labels it "You" (one read of those inputs)."""
+    placed = {
+        int(r.data["source_seq"]): r.seq
+        for r in rows
+        if r.kind in ("user/message", "context/injected") and r.data.get("source_seq")
+    }
+    if not placed:
+        return rows
+    origin: dict[int, str] = {}
+    sources = Event.objects.filter(session_id=session_id, seq__in=sorted(placed)).values_list("seq", "data")
+    for seq, data in sources:
+        found = origin_of((data or {}).get("by"))
+        if found:
+            origin[placed[seq]] = found
+    if not origin:
+        return rows
+    return [dataclasses.replace(r, origin=origin[r.seq]) if r.seq in origin else r for r in rows]
+
+
 def budget_reason_text(reason: Any) -> str:
     """A budget reason ({budget, scope, limit, spent, unpriced?}) as words."""
     if not isinstance(reason, dict):
@@ -184,6 +301,20 @@ def budget_reason_text(reason: Any) -> str:
         ).message
     except (KeyError, TypeError, ValueError):
         return ""
+
+
+def held_text(data: dict[str, Any]) -> str:
+    """An input/held's reason in words."""
+    return str(data.get("text") or "") or budget_reason_text(data.get("reason")) or "a budget is exhausted"
+
+
+def with_holds(rows: list[EventRow]) -> list[EventRow]:
+    """Each waiting input a budget holds carries the hold on its own row
+    (the input/held row itself is quiet)."""
+    holds = {int(r.data.get("source_seq") or 0): held_text(r.data) for r in rows if r.kind == "input/held"}
+    if not holds:
+        return rows
+    return [dataclasses.replace(r, held=holds[r.seq]) if r.queued and r.seq in holds else r for r in rows]
 
 
 def event_row(seq: int, kind: str, data: dict[str, Any], at: Any, inbox_seq: int, deferred_cursor: int = 0) -> EventRow:
@@ -470,9 +601,10 @@ class ChatFollower:
             )
             for f in parsed
         ]
-        rows = with_cards(self.session_id, rows)
+        rows = with_origins(self.session_id, with_cards(self.session_id, rows))
         out: list[Fragment] = []
         landed: list[int] = []
+        holds: dict[int, str] = {}
         kinds = set()
         in_batch = {card.id for row in rows for card in row.cards}
         touched: set[str] = set()
@@ -499,15 +631,22 @@ class ChatFollower:
                 out.append(Fragment(self.bubble(None, "")))
             elif f["kind"] in ("user/message", "context/injected") and data.get("source_seq"):
                 landed.append(int(data["source_seq"]))
-        for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=landed).values_list(
+            elif f["kind"] == "input/held" and data.get("source_seq"):
+                holds[int(data["source_seq"])] = held_text(data)
+        redrawn = landed + [seq for seq in holds if seq not in landed]
+        for seq, kind, data, at in Event.objects.filter(session_id=self.session_id, seq__in=redrawn).values_list(
             "seq", "kind", "data", "created_at"
         ):
             row = event_row(seq, kind, data, at, session.inbox_seq, getattr(session, "deferred_cursor", 0))
+            if row.queued and seq in holds:
+                row = dataclasses.replace(row, held=holds[seq])
             out.append(row_fragment(self.session_id, row, oob="outerHTML"))
         if touched:
             since = self.turn_seq or (session.open_turn_seq or 0)
             out.extend(Fragment(card_swaps(c)) for c in call_cards(self.session_id, touched, since_seq=since))
         out.append(Fragment(render_to_string("sessions/chat.html#facts", facts_context(session, self.user, oob=True))))
+        if landed or "turn/start" in kinds:
+            out.append(Fragment(NOTICE_CLEARED))
         if "session/titled" in kinds:
             out.append(Fragment(render_to_string("sessions/chat.html#title", {"session": session, "oob": True})))
         if kinds & APPROVAL_MOVES:
@@ -536,7 +675,8 @@ class ChatFollower:
 def facts_context(session: Session, user: Any, *, oob: bool = False) -> dict[str, Any]:
     return {
         "session": session,
-        "status_label": status_label(session.status),
+        "state": shown_state(session)[0],
+        "status_label": shown_state(session)[1],
         "blocked": blocked_info(session),
         "waiting": waiting_info(session),
         "cost_text": format_cost(session.cost, session.unpriced_entries),

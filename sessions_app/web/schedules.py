@@ -8,7 +8,7 @@ the chat with a message.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC
+from datetime import UTC, timedelta
 from typing import Any
 
 from django import forms
@@ -16,6 +16,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from sessions_app import actions
@@ -33,8 +34,13 @@ class ScheduleForm(forms.Form):
         required=False,
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"],
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-        label="At (UTC)",
+        label="At (your local time)",
+        help_text="without script in the page: UTC",
     )
+    # The browser's offset from UTC at that time, in minutes (JavaScript's
+    # getTimezoneOffset: UTC minus local), set by terret-live.js on submit:
+    # a datetime-local input is the reader's wall-clock time, never UTC.
+    tz_offset = forms.IntegerField(required=False, min_value=-1080, max_value=1080, widget=forms.HiddenInput)
     every_seconds = forms.IntegerField(required=False, min_value=1, label="Or every (seconds)")
     cron = forms.CharField(required=False, max_length=120, label="Or cron (UTC)")
     misfire = forms.ChoiceField(choices=[(m, m) for m in Schedule.MISFIRES], initial="run_once")
@@ -48,9 +54,13 @@ class ScheduleForm(forms.Form):
     def body(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
         when = data.pop("due_at")
+        offset = data.pop("tz_offset", None)
         if when is not None:
-            # The form's time is UTC, as its label says, whatever the server's zone.
-            data["due_at"] = when.replace(tzinfo=UTC) if when.tzinfo is None else when
+            # The wall-clock time typed (Django made it aware in the server's
+            # zone), as the reader's local time: moved to UTC by the browser's
+            # offset, or read as UTC when no script sent one (the help says so).
+            wall = timezone.make_naive(when) if timezone.is_aware(when) else when
+            data["due_at"] = wall.replace(tzinfo=UTC) + timedelta(minutes=offset or 0)
         return {k: v for k, v in data.items() if v not in (None, "")}
 
 

@@ -32,6 +32,7 @@ from django.views.decorators.vary import vary_on_headers
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import actions
 from sessions_app.actions import session_for
+from sessions_app.actions.files import workspace_files
 from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
@@ -46,6 +47,8 @@ from sessions_app.web.present import (
     event_row,
     facts_context,
     with_cards,
+    with_holds,
+    with_origins,
 )
 
 # What an empty chat offers to type (the demo model's keywords, README "Try it").
@@ -68,7 +71,7 @@ def _event_rows(session: Session, *, before: int | None, upto: int) -> list[Even
     rows = actions.chat_rows(session, before=before, upto=upto, limit=PAGE_SIZE)
     cursor = getattr(session, "deferred_cursor", 0)
     shown = [event_row(seq, kind, data, at, session.inbox_seq, cursor) for seq, kind, data, at in rows]
-    return with_cards(session.id, shown)
+    return with_origins(session.id, with_holds(with_cards(session.id, shown)))
 
 
 def _agent_id(session: Session) -> str:
@@ -121,6 +124,7 @@ def _chat_context(
         # The session's live tasks (owned work: runtime/owned/), as of the page's load.
         "live_tasks": [actions.task_json(t) for t in actions.list_tasks(request.user, session.id) if t.live],
         "parent": actions.session_parent(session),
+        "files": workspace_files(request.user, session.id),
         **composer_context(),
     }
 

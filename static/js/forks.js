@@ -47,7 +47,7 @@
     if (!reply.ok) return "";
     const body = await reply.json();
     const ev = (body.events || [])[0];
-    return ev && ev.seq === seq ? ev.data.text || "" : "";
+    return ev && ev.seq === seq ? ev.data.text || ev.data.content || "" : "";
   }
 
   async function openEditor(li, seq, bar) {
@@ -88,21 +88,52 @@
     f.submit();
   }
 
+  // Copy a whole message as it was written (its Markdown), or as shown if
+  // the log cannot be read.
+  async function copyMessage(li, seq, b) {
+    let text = "";
+    try {
+      text = await rawText(seq);
+    } catch (e) {
+      text = "";
+    }
+    if (!text) {
+      const shown = li.querySelector(".text");
+      text = shown ? shown.innerText : "";
+    }
+    try {
+      await navigator.clipboard.writeText(text);
+      b.dataset.label = "Copied";
+    } catch (e) {
+      b.dataset.label = "Copy failed";
+    }
+    setTimeout(() => {
+      b.dataset.label = "Copy";
+    }, 1500);
+  }
+
+  // Hover actions of a message: copy it; edit and resend (the user's) or
+  // regenerate (the assistant's), each in a fork.
   function decorate(li) {
     const cfg = config();
     if (!cfg || li.dataset.forkable === "done") return;
     const seq = Number(li.dataset.seq);
-    // A fork's seed (its copied history) forks only as a whole: act on the parent instead.
-    if (!seq || seq <= Number(cfg.dataset.seedUpto || 0)) return;
     const kind = li.dataset.kind;
-    if (kind !== "user/message" && kind !== "assistant/message") return;
+    if (!seq || (kind !== "user/message" && kind !== "assistant/message")) return;
     li.dataset.forkable = "done";
     const bar = document.createElement("div");
-    bar.className = "fork-actions";
-    if (kind === "user/message") {
-      bar.appendChild(button("Edit and resend", "fork-edit-button", () => openEditor(li, seq, bar)));
-    } else {
-      bar.appendChild(button("Regenerate", "fork-regenerate-button", () => regenerate(seq)));
+    bar.className = "fork-actions msg-actions";
+    const copy = button("Copy", "copy-message", () => copyMessage(li, seq, copy));
+    // Not "Copy message": the composer is found by its label "Message".
+    copy.setAttribute("aria-label", "Copy the whole text");
+    bar.appendChild(copy);
+    // A fork's seed (its copied history) forks only as a whole: act on the parent instead.
+    if (seq > Number(cfg.dataset.seedUpto || 0)) {
+      if (kind === "user/message") {
+        bar.appendChild(button("Edit and resend", "fork-edit-button", () => openEditor(li, seq, bar)));
+      } else {
+        bar.appendChild(button("Regenerate", "fork-regenerate-button", () => regenerate(seq)));
+      }
     }
     li.appendChild(bar);
   }
@@ -123,10 +154,32 @@
     }
   }
 
+  // The `‹ 1/2 ›` branch switchers, after the event they name and its marks.
+  function placeSwitches() {
+    const list = document.getElementById("fork-switches");
+    if (!list) return;
+    for (const item of list.querySelectorAll("li[data-at]")) {
+      const at = item.dataset.at;
+      const row = document.getElementById(`ev-${at}`);
+      const id = `branch-switch-${at}`;
+      if (!row || document.getElementById(id)) continue;
+      let after = row;
+      while (after.nextElementSibling && after.nextElementSibling.classList.contains("fork-mark")) {
+        after = after.nextElementSibling;
+      }
+      const sw = document.createElement("li");
+      sw.className = "branch-switch";
+      sw.id = id;
+      sw.innerHTML = item.innerHTML;
+      after.after(sw);
+    }
+  }
+
   function refresh() {
     if (!config()) return;
     document.querySelectorAll("#log > li.ev").forEach(decorate);
     placeMarks();
+    placeSwitches();
   }
 
   // Rows arrive by the page's socket (htmx out-of-band swaps, which may also

@@ -57,9 +57,23 @@
       setTimeout(function () { if (!stopped && socket) socket.reconnect(); }, htmx.config.wsReconnectDelay(0));
     }
   });
-  document.addEventListener("htmx:wsBeforeMessage", function () { stick = nearBottom(); });
+  // What a reader sees of the conversation: its shown rows and the streamed text.
+  function seen() {
+    var rows = document.querySelectorAll("#log > li.ev:not(.meta)").length;
+    var stream = document.getElementById("stream-text");
+    return rows + ":" + (stream ? stream.textContent.length : 0);
+  }
+  function toBottom() { window.scrollTo(0, document.documentElement.scrollHeight); }
+  function pill(show) {
+    var p = document.getElementById("new-messages");
+    if (p) p.hidden = !show;
+  }
+  var before = "";
+  document.addEventListener("htmx:wsBeforeMessage", function () { stick = nearBottom(); before = seen(); });
   document.addEventListener("htmx:wsAfterMessage", function () {
-    if (stick) window.scrollTo(0, document.documentElement.scrollHeight);
+    // Follow new messages unless the reader has scrolled up; then say there are some.
+    if (stick) toBottom();
+    else if (seen() !== before) pill(true);
     var title = document.getElementById("session-title");
     if (title && title.textContent && document.title.indexOf(title.textContent) !== 0) {
       document.title = title.textContent + " \u00b7 Terret";
@@ -92,6 +106,18 @@
     if (!stop || stop.disabled || !stop.getClientRects().length) return;  // hidden: nothing to stop
     e.preventDefault();
     stop.click();
+  });
+
+  // The chat opens at its newest message (unless the address names an event).
+  function openAtNewest() {
+    if (!document.getElementById("log") || location.hash) return;
+    toBottom();
+  }
+  document.addEventListener("DOMContentLoaded", openAtNewest);
+  window.addEventListener("load", openAtNewest);
+  window.addEventListener("scroll", function () { if (nearBottom()) pill(false); }, { passive: true });
+  document.addEventListener("click", function (e) {
+    if (e.target && e.target.id === "new-messages") { pill(false); toBottom(); }
   });
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -165,6 +191,46 @@
       setTimeout(function () { copy.textContent = "Copy"; }, 1500);
     }, function () { copy.textContent = "Copy failed"; });
   });
+
+  // One assistant message per turn: a message that follows another in the
+  // same turn (only quiet rows between) continues its bubble.
+  function group() {
+    var rows = document.querySelectorAll("#log > li.ev:not(.meta)");
+    var prev = null;
+    for (var i = 0; i < rows.length; i++) {
+      var li = rows[i];
+      var cont = !!prev && li.getAttribute("data-kind") === "assistant/message" &&
+        prev.getAttribute("data-kind") === "assistant/message";
+      li.classList.toggle("cont", cont);
+      if (prev) prev.classList.toggle("has-cont", cont);
+      prev = li;
+    }
+    if (prev) prev.classList.remove("has-cont");
+  }
+  var grouping = false;
+  function regroup() {
+    if (grouping) return;
+    grouping = true;
+    requestAnimationFrame(function () { grouping = false; group(); });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var log = document.getElementById("log");
+    if (!log) return;
+    group();
+    new MutationObserver(regroup).observe(log, { childList: true });
+    var meta = document.getElementById("show-meta");
+    if (meta) meta.addEventListener("change", regroup);
+  });
+
+  // A schedule's time is typed as the reader's local time (datetime-local):
+  // send the browser's offset from UTC at that moment with it (web/schedules.py).
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (!form || form.id !== "schedule-form") return;
+    var at = form.querySelector("input[type=datetime-local]"), offset = form.querySelector("input[name=tz_offset]");
+    if (!at || !offset) return;
+    offset.value = at.value ? String(new Date(at.value).getTimezoneOffset()) : "";
+  }, true);
 
   // For tests and debugging only.
   window.terretLive = { lastSeq: lastSeq };

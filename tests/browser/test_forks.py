@@ -89,6 +89,11 @@ def test_edit_and_resend_then_regenerate(
     ]
     assert len(main_requests(fake_llm)) == 3
     assert Event.objects.get(session_id=edited, seq=1).data["at_seq"] == second_seq - 1
+    # Branches in place (issue 34): the fork is branch 2 of 2 at that message, and ‹ goes back.
+    switch = page.locator("li.branch-switch")
+    expect(switch).to_have_count(1)
+    expect(switch.locator(".branch-count")).to_have_text("2/2")
+    expect(switch.locator("a.branch-prev")).to_have_attribute("href", f"/sessions/{parent.id}/#ev-{second_seq - 1}")
 
     # The breadcrumb goes back; the parent shows the marker after the event it forked from.
     page.locator("#fork-parent-link").click()
@@ -122,4 +127,14 @@ def test_edit_and_resend_then_regenerate(
     ]
     page.goto(f"/sessions/{parent.id}/")
     expect(page.locator("li.fork-mark")).to_have_count(2)
+    # Each message forked from has its switcher, 1 of 2, › to the fork; the fork's own link
+    # ("forked here →") still opens it as a separate session.
+    switches = page.locator("li.branch-switch")
+    expect(switches).to_have_count(2)
+    expect(switches.locator(".branch-count")).to_have_text(["1/2", "1/2"])
+    later = page.locator(f"#branch-switch-{second_seq - 1}")
+    expect(later.locator("a.branch-next")).to_have_attribute("href", f"/sessions/{edited}/")
+    later.locator("a.branch-next").click()
+    expect(page).to_have_url(re.compile(f"/sessions/{edited}/"))
+    expect(page.locator("li.branch-switch .branch-count")).to_have_text("2/2")
     assert page.js_errors == []

@@ -247,6 +247,7 @@ def test_rename_archive_search_and_the_list_follows_live(
     page = new_page(server, alice, width=width)
     page.goto(f"/sessions/{session.id}/")
     expect(page.locator("#live")).to_have_text("live")
+    page.locator("#chat-menu > summary").click()  # rename and archive are in the header's menu
     page.get_by_text("Rename", exact=True).click()
     page.get_by_label("New title").fill("Lisbon plans")
     page.get_by_role("button", name="Save title").click()
@@ -271,6 +272,7 @@ def test_rename_archive_search_and_the_list_follows_live(
     assert no_horizontal_scroll(page)
 
     page.get_by_role("link", name="Lisbon plans").click()
+    page.locator("#chat-menu > summary").click()
     page.get_by_role("button", name="Archive").click()
     expect(page.locator(".messages")).to_contain_text("Archived “Lisbon plans”")
     expect(page.locator("#session-list")).not_to_contain_text("Lisbon plans")
@@ -297,12 +299,15 @@ def test_the_context_view_and_the_model_picker(
     page.get_by_label("Message").fill("remember the blue door")
     page.get_by_role("button", name="Send", exact=True).click()
     expect(page.locator("#log .k-turn-end")).to_have_count(1, timeout=30_000)
-    # The panel on the chat page loads when opened...
+    # The panel on the chat page (in the side panel) loads when opened...
+    page.locator("#panel-button").click()
     page.locator("#context-panel > summary").click()
     expect(page.locator("#context-panel #context-messages")).to_contain_text("remember the blue door")
     expect(page.locator("#context-panel #context-model")).to_have_text("demo/offline")
     assert no_horizontal_scroll(page)
     # ... and the page of its own holds the same, with the picker.
+    page.locator("#panel-close").click()
+    page.locator("#chat-menu > summary").click()
     page.get_by_role("link", name="Context", exact=True).click()
     expect(page.get_by_role("heading", name="What the model sees next")).to_be_visible()
     expect(page.locator("#context-model")).to_have_text("demo/offline")

@@ -112,8 +112,10 @@ def test_rolled_back_append_leaves_no_usage(make_user: Any, profile: AgentProfil
     assert s.steps == 0
 
 
-def test_format_cost_never_shows_unpriced_as_zero() -> None:
-    assert format_cost(Decimal(0), 2) == "unpriced"
+def test_format_cost_counts_unpriced_beside_the_priced_part() -> None:
+    # issue 34: one unpriced call leaves the total as "$X + 1 unpriced", never a bare "unpriced"
+    assert format_cost(Decimal(0), 2) == "$0.0000 + 2 unpriced"
+    assert format_cost(Decimal("0.25"), 1) == "$0.2500 + 1 unpriced"
     assert format_cost(Decimal("0.01234"), 0) == "$0.0123"
     assert format_cost(Decimal("0.5"), 1) == "$0.5000 + 1 unpriced"
     assert format_cost(Decimal(0), 0) == "$0.0000"  # priced at zero (the demo model) is a real $0

@@ -58,10 +58,10 @@ def test_the_page_shows_spent_against_limit_and_the_form(owner, chat):
     assert 'value="5"' in html  # the form starts from the current limits
 
 
-def test_unpriced_spend_reads_unpriced(owner, chat):
+def test_unpriced_spend_is_counted_beside_the_priced(owner, chat):
     Session.objects.filter(id=chat.id).update(unpriced_entries=2)
     html = page(client_for(owner), chat)
-    assert cells(html, "cost_usd") == ("unpriced", "no limit")
+    assert cells(html, "cost_usd") == ("$0.0000 + 2 unpriced", "no limit")
 
 
 def test_an_exhausted_budget_is_said_in_words(owner, chat):

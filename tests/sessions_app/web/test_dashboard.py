@@ -84,10 +84,10 @@ def test_owner_sees_own_sessions_with_figures(
     assert "Bob secret" not in html
     assert "$0.0123" in html and "1234" in html  # cost and tokens (1200 + 34)
     assert "dash-" in html  # the agent id (profile name prefix)
-    # the unpriced session says so, never "$0"
+    # the unpriced session counts its unpriced call beside the priced part
     row = html[html.index("Unpriced session") :]
     row = row[: row.index("</tr>")]
-    assert "unpriced" in row and "$0" not in row
+    assert "$0.0000 + 1 unpriced" in row
     # per-profile totals over the user's own sessions; no global per-day chart for a plain user
     assert "<svg" not in html and "shown to staff and reviewers" in html
     assert "$0.0123 + 1 unpriced" in html
@@ -153,9 +153,9 @@ def test_an_exhausted_session_budget_is_marked(
     row = _row(html, "Priced session")
     assert 'class="budget-exhausted"' in row and "(exhausted)" in row
     assert "tokens 1234 / 100000 · turns 1 / 1" in row
-    # an unpriced spend under a cost budget cannot be enforced: exhausted, and never "$0"
+    # an unpriced spend under a cost budget cannot be enforced: exhausted, its unpriced call counted
     row = _row(html, "Unpriced session")
-    assert "cost unpriced / $1.00" in row and "(exhausted)" in row and "$0." not in row
+    assert "cost $0.0000 + 1 unpriced / $1.00" in row and "(exhausted)" in row
 
 
 def test_a_profile_daily_limit_shows_todays_spend(

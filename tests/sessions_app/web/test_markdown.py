@@ -46,6 +46,7 @@ XSS = [
 SAFE_TAGS = {
     "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote", "ul", "ol", "li", "a",
     "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td", "div", "button",
+    "span",  # Pygments' tokens and the code block's language label (class only: handlers and style are checked)
 }  # fmt: skip
 
 
@@ -96,8 +97,19 @@ def test_markdown_renders_and_code_blocks_get_a_copy_button() -> None:
     assert "<h1>Plan</h1>" in html and "<strong>bold</strong>" in html and "<em>em</em>" in html
     assert "<code>x &lt; y</code>" in html and "<li>one</li>" in html
     assert '<div class="code-block"><button type="button" class="copy-code"' in html
-    assert "print('&lt;hi&gt;')" in html
+    # highlighted by Pygments (escaped text in token spans), labelled with its language
+    assert '<span class="nb">print</span><span class="p">(</span><span class="s1">\'&lt;hi&gt;\'</span>' in html
+    assert '<span class="code-lang">python</span><pre><code class="language-python">' in html
     assert html.count("copy-code") == 1  # inline code gets none
+
+
+def test_an_unknown_language_is_labelled_but_plain_and_a_fence_cannot_break_out() -> None:
+    html = str(render_markdown("```nosuchlang\na <b> c\n```"))
+    assert '<span class="code-lang">nosuchlang</span>' in html and "a &lt;b&gt; c" in html
+    html = str(render_markdown('```py" onclick="window.__xss=1\n1\n```'))
+    assert "onclick" not in html and live_markup(html) == []
+    plain = str(render_markdown("```\nno language\n```"))
+    assert "code-lang" not in plain and "<span" not in plain
 
 
 def test_links_keep_safe_schemes_with_rel() -> None:
@@ -121,7 +133,8 @@ def test_the_chat_page_renders_messages_as_markdown_and_keeps_xss_inert(chat: Se
     page = client_for(chat.owner).get(reverse("sessions:chat", args=[chat.id])).content.decode()
     log_html = page[page.index('<ol id="log"') : page.index("</ol>", page.index('<ol id="log"'))]
     assert "<strong>hello</strong>" in log_html
-    assert 'class="copy-code"' in log_html and "echo hi" in log_html
+    assert 'class="copy-code"' in log_html and '<span class="code-lang">sh</span>' in log_html
+    assert '<span class="nb">echo</span><span class="w"> </span>hi' in log_html
     rows = re.findall(r'<div class="text md">(.*?)\n</div>', log_html, re.S)
     assert len(rows) == 2 and all("textarea" in html for html in rows)  # each row whole, to its last item
     for html in rows:

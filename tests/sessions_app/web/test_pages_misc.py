@@ -119,7 +119,7 @@ def test_cost_per_turn_priced_and_unpriced(chat: Session) -> None:
     log.append(sid, "turn/end", {"status": "completed"})
     page = client_for(chat.owner).get(chat_url(chat)).content.decode()
     costs = re.findall(r'<span class="turn-cost"[^>]*>· (.*?)</span>', page)
-    assert costs == ["1 step · 1,234 tokens · $0.0125", "1 step · 15 tokens · unpriced"]
+    assert costs == ["1 step · 1,234 tokens · $0.0125", "1 step · 15 tokens · $0.0000 + 1 unpriced"]
 
 
 def test_suggestions_only_on_an_empty_chat(chat: Session) -> None:

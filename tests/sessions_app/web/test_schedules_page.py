@@ -81,3 +81,17 @@ def test_the_console_lists_live_schedules(make_user: Any, chat: Session) -> None
     staff = make_user("ops", is_staff=True)
     page = client_for(staff).get(reverse("sessions:console")).content.decode()
     assert f'id="ops-schedule-{s.id}"' in page and "hourly feed" in page
+
+
+def test_the_form_reads_its_time_as_the_readers_local_time(owner: Any, chat: Session) -> None:
+    """Issue 34: a datetime-local input is the reader's wall clock; the page
+    sends the browser's offset (getTimezoneOffset: UTC minus local) with it."""
+    c = client_for(owner)
+    local = timezone.now() + timedelta(hours=9, minutes=30)  # 30 minutes from now, on a clock at UTC+9
+    body = {"text": "from Tokyo", "due_at": local.strftime("%Y-%m-%dT%H:%M"), "tz_offset": "-540", "misfire": "skip"}
+    r = c.post(reverse("sessions:schedule_create", args=[chat.id]), body, **HTMX)
+    assert r.status_code == 200, r.content.decode()
+    s = Schedule.objects.get(session=chat)
+    assert abs((s.due_at - timezone.now()).total_seconds() - 1800) < 120
+    c.post(reverse("sessions:schedule_create", args=[chat.id]), {**body, "tz_offset": "99999"}, **HTMX)
+    assert Schedule.objects.filter(session=chat).count() == 1  # an offset no zone has is refused

@@ -33,7 +33,10 @@ def api_status(raw: str) -> int:
 def test_the_settings_page_makes_a_token_shows_it_once_and_revokes_it(owner: Any) -> None:
     c = client_for(owner)
     assert c.get(reverse("sessions:settings")).status_code == 200
-    r = c.post(reverse("sessions:token_create"), {"name": "laptop"})
+    made = c.post(reverse("sessions:token_create"), {"name": "laptop"})
+    # Post, redirect, get: reloading the page it lands on makes no second token (issue 34).
+    assert made.status_code == 302 and made["Location"] == reverse("sessions:settings")
+    r = c.get(made["Location"])
     assert r.status_code == 200 and r["Cache-Control"] == "no-store"
     found = re.search(r'<code id="new-token">(trt_[\w-]+)</code>', r.content.decode())
     assert found is not None
@@ -41,8 +44,9 @@ def test_the_settings_page_makes_a_token_shows_it_once_and_revokes_it(owner: Any
     token = ApiToken.objects.get(user=owner)
     assert token.name == "laptop" and raw.startswith(token.prefix) and raw not in token.key_hash
     assert api_status(raw) == 404
-    again = c.get(reverse("sessions:settings")).content.decode()
+    again = c.get(reverse("sessions:settings")).content.decode()  # a reload
     assert raw not in again and f"{token.prefix}…" in again  # shown once, then by prefix only
+    assert ApiToken.objects.filter(user=owner).count() == 1
     c.post(reverse("sessions:token_revoke", args=[token.pk]))
     token.refresh_from_db()
     assert token.revoked_at is not None

@@ -179,7 +179,7 @@ def test_message_on_idle_agent_starts_a_turn(chat: Session) -> None:
     assert kinds(chat) == ["agent/spawned", "turn/start", "user/message"]
     page = c.get(urls(chat)["chat"]).content.decode()
     assert "what time is it" in page
-    assert 'class="badge running"' in page
+    assert 'class="badge waiting_task"' in page  # the turn is open, and no worker has taken it yet
 
 
 def test_resubmitted_form_is_not_run_twice(chat: Session) -> None:
@@ -241,12 +241,16 @@ def test_chat_page_renders_tool_calls_results_cost_and_live_state(chat: Session)
     assert "&quot;tz&quot;: &quot;UTC&quot;" in card.group(1)
     assert "12:00" in card.group(1) and "done" in card.group(1)
     assert "Asking the time" in page
-    assert '<span id="cost">unpriced</span>' in page  # one cost format everywhere (services.usage.format_cost)
+    assert (
+        '<span id="cost">$0.0000 + 1 unpriced</span>' in page
+    )  # one cost format everywhere (services.usage.format_cost)
     assert "/compact/" in page
     chat.refresh_from_db()
     assert f'ws-connect="/ws/sessions/{chat.id}/page/?after={chat.last_seq}"' in page
     listing = client_for(chat.owner).get(reverse("sessions:list")).content.decode()
-    assert "Asking the time" in listing and "<td>unpriced</td>" in listing and "running" in listing
+    assert (
+        "Asking the time" in listing and "<td>$0.0000 + 1 unpriced</td>" in listing and "waiting for a task" in listing
+    )
     assert chat.agent.agent_id in listing
 
 
