@@ -4,7 +4,8 @@
   (none by default: nothing runs); refused before anything is admitted.
 - It runs in its own session and process group (start_new_session), so a
   cancel, a timeout or a reaper kills the whole group, in the session's
-  working directory (`workdir`, the one place that resolves it), with a
+  scratch directory of the session's documents (runtime/materialize.py,
+  under `scratch_root()`; committed back when it ends), with a
   small environment of its own (never the worker's: no database URL, no
   secret key) that names its task, so a reaper on the host can find a group
   whose id was never recorded (a crash between the spawn and its record).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import logging
 import os
 import signal
 import subprocess
@@ -33,25 +35,33 @@ from django.conf import settings
 from sessions_app.errors import TaskRefused
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import lifecycle
+from sessions_app.runtime.materialize import materialized
 from sessions_app.runtime.owned.kinds import TaskKind
 from sessions_app.runtime.owned.supervision import Settlement, Supervision
-from sessions_app.tools.builtins import workspace_dir
 
 NAME = "command"
 VERSION = 1
 MAX_ARGV = 256
 MAX_ARG_CHARS = 8192
 KILL_GRACE_SECONDS = 2.0
+logger = logging.getLogger(__name__)
 MARKER = "TERRET_TASK"  # the environment variable naming the task in every process of its group
 
 
-def workdir(session_id: uuid.UUID) -> Path:
-    """Where a session's command runs: its workspace directory, made if need
-    be. The one place that says so, so a materialized scratch copy of the
-    session's documents can take its place."""
-    path = workspace_dir(session_id)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def scratch_root() -> Path:
+    """Where this host makes a command's scratch directory: under its
+    TERRET_WORKSPACE_ROOT. The one place that says so."""
+    root = Path(settings.TERRET_WORKSPACE_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+class _Discard(Exception):
+    """Leave the scratch directory without committing it (a cancelled or lost run)."""
+
+    def __init__(self, settlement: Settlement) -> None:
+        super().__init__(settlement.phase or "lost")
+        self.settlement = settlement
 
 
 def check(profile: AgentProfile, args: dict[str, Any]) -> dict[str, Any]:
@@ -173,10 +183,28 @@ def _env(task_id: uuid.UUID, cwd: Path) -> dict[str, str]:
 
 
 def run(sup: Supervision) -> Settlement:
+    """Run the command in a scratch directory holding the session's documents
+    (runtime/materialize.py): a command's world is the journal's, whichever
+    host supervises it. What it changed is committed back as document
+    versions when it ends (done, failed or timed out), before its receipt;
+    a cancelled or lost run commits nothing."""
+    task = sup.task
+    try:
+        with materialized(task.session_id, by=f"task:{task.id}", root=scratch_root()) as scratch:
+            settlement = _run_in(sup, scratch.path)
+            if settlement.phase in ("", "cancelled") or (settlement.reason or {}).get("code") == "supervisor_lost":
+                raise _Discard(settlement)
+    except _Discard as discarded:
+        return discarded.settlement
+    if scratch.outcome.conflicts or scratch.outcome.refused:
+        logger.warning("task %s: documents not committed: %s", task.id, scratch.outcome)
+    return settlement
+
+
+def _run_in(sup: Supervision, cwd: Path) -> Settlement:
     task = sup.task
     argv = list(task.spec.get("argv") or [])
     timeout = float(task.spec.get("timeout_s") or settings.TERRET_TASK_DEFAULT_SECONDS)
-    cwd = workdir(task.session_id)
     # The intent first: a reaper after a crash here looks for the marker.
     if not sup.checkpoint({"spawning": True}):
         return Settlement.lost()

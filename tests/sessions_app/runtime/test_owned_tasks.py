@@ -27,16 +27,16 @@ from prometheus_client import generate_latest
 
 from sessions_app import actions, services
 from sessions_app.models import AgentProfile, Session, Task
+from sessions_app.runtime import documents
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.effects import effects_audit
 from sessions_app.runtime.owned import command, kinds, store, supervise
 from sessions_app.runtime.owned.audit import tasks_audit
 from sessions_app.services import budgets, operators
 from sessions_app.services import sessions as session_services
-from sessions_app.tools.builtins import workspace_dir
 from terret_site.metrics import REGISTRY
 from tests.fakes.fake_llm import Reply
-from tests.helpers import client_for, edit_profile, events, wait_for
+from tests.helpers import client_for, document_text, edit_profile, events, wait_for
 from tests.helpers import kinds as kinds_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
@@ -87,7 +87,7 @@ def test_a_command_whose_argv_is_not_allowed_is_refused_and_nothing_runs(
     assert result["is_error"] is True
     assert "'python3' is not allowed to run" in result["content"] and "nothing was started" in result["content"]
     assert Task.objects.count() == 0 and "task/started" not in kinds_of(session)
-    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    assert document_text(session.id, "marker.txt") is None
     assert events(session, "turn/end") == [{"status": "completed"}]
     assert len(fake_llm.requests) == 2
     audits_hold(session)
@@ -117,7 +117,31 @@ def test_a_foreground_command_parks_the_turn_in_waiting_task_until_its_receipt(f
     assert len(fake_llm.requests) == 2
     sent = fake_llm.requests[1]["messages"][-1]
     assert sent["role"] == "tool" and json.loads(sent["content"])["outcome"]["output"] == "out\n"
-    assert (workspace_dir(session.id) / "marker.txt").read_text() == "hello\n"
+    assert document_text(session.id, "marker.txt") == "hello\n"
+    audits_hold(session)
+
+
+def test_a_command_works_on_the_sessions_documents_and_commits_what_it_changed(
+    fake_llm: Any, session: Session, settings: Any, tmp_path: Path
+) -> None:
+    """A command's directory is a scratch copy of the documents, made on the
+    supervising host: it reads what the agent or owner wrote, its changes come
+    back as document versions by the task, and no host keeps a copy."""
+    settings.TERRET_WORKSPACE_ROOT = tmp_path / "host"
+    documents.write(session.id, "notes.txt", b"from the journal\n", by="alice")
+    documents.write(session.id, "old.txt", b"gone soon\n", by="alice")
+    argv = ["sh", "-c", "tr a-z A-Z < notes.txt > upper.txt; rm old.txt"]
+    fake_llm.script(start(argv, background=False), Reply(text="done"))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "parked"
+    (task,) = Task.objects.all()
+    assert supervise.run_task(str(task.id)) == "done"
+    assert document_text(session.id, "upper.txt") == "FROM THE JOURNAL\n"
+    assert document_text(session.id, "old.txt") is None  # removed in the scratch copy: retired
+    assert document_text(session.id, "notes.txt") == "from the journal\n"
+    (written,) = [e for e in events(session, "document/written") if e["name"] == "upper.txt"]
+    assert written["by"] == f"task:{task.id}"
+    assert list((tmp_path / "host").iterdir()) == []  # the scratch directory is gone
     audits_hold(session)
 
 
@@ -145,7 +169,7 @@ def test_a_background_command_ends_the_turn_at_once_and_its_receipt_wakes_the_ow
     assert [e["status"] for e in events(session, "turn/end")] == ["completed", "completed"]
     assert len(fake_llm.requests) == 3
     assert f"[task {task_id} (command) completed]" in json.dumps(fake_llm.requests[2]["messages"])
-    assert (workspace_dir(session.id) / "marker.txt").exists()
+    assert document_text(session.id, "marker.txt") is not None
     audits_hold(session)
 
 
@@ -191,7 +215,7 @@ def test_stop_cancels_a_running_background_command_and_kills_its_process_group(f
     assert not command.group_alive(task.pgid)
     assert events(session, "input/deferred") == []  # a cancel is not news for the owner
     time.sleep(3.5)
-    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    assert document_text(session.id, "marker.txt") is None
     audits_hold(session)
 
 
@@ -213,7 +237,7 @@ def test_cancelling_a_turn_parked_on_a_foreground_command_settles_the_task_befor
     order = [k for k in kinds_of(session) if k in ("task/cancelled", "turn/end")]
     assert order == ["task/cancelled", "turn/end"]
     time.sleep(3.5)
-    assert not (workspace_dir(session.id) / "marker.txt").exists()
+    assert document_text(session.id, "marker.txt") is None
     audits_hold(session)
 
 
@@ -249,7 +273,7 @@ def test_the_reaper_kills_the_group_of_a_task_whose_supervisor_is_gone(fake_llm:
     # A supervisor that spawned the process and then died: its claim, its record, no renewals.
     claim = store.claim(task.id)
     assert claim is not None
-    cwd = command.workdir(session.id)
+    cwd = command.scratch_root()
     env = {"PATH": os.environ["PATH"], command.MARKER: str(task.id)}
     proc = subprocess.Popen(["sh", "-c", "sleep 30"], cwd=cwd, env=env, start_new_session=True)
     store.set_process(task.id, claim.generation, proc.pid, checkpoint={"spawned": True})
@@ -430,7 +454,7 @@ def test_stopping_the_parent_cancels_a_subagent_running_a_command_and_its_group(
     kinds_parent = kinds_of(session)
     assert kinds_parent.count("task/cancelled") == 1
     time.sleep(3.5)
-    assert not (workspace_dir(child.id) / "marker.txt").exists()
+    assert document_text(child.id, "marker.txt") is None
     audits_hold(session)
     audits_hold(child)
 

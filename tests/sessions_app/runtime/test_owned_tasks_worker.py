@@ -25,9 +25,8 @@ from sessions_app.models import AgentProfile, Event, Session, Task
 from sessions_app.runtime.effects import effects_audit
 from sessions_app.runtime.owned import command
 from sessions_app.runtime.owned.audit import tasks_audit
-from sessions_app.tools.builtins import workspace_dir
 from tests.fakes.fake_llm import Reply
-from tests.helpers import events, wait_for
+from tests.helpers import document_text, events, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -53,8 +52,9 @@ def start(argv: list[str], *, background: bool) -> Reply:
     return Reply(tool_calls=[("task.start", args)])
 
 
-def marker(session: Session) -> Path:
-    return workspace_dir(session.id) / "marker.txt"
+def marker(session: Session) -> str | None:
+    """The marker as the session's document (a command's directory is a scratch copy, committed when it ends)."""
+    return document_text(session.id, "marker.txt")
 
 
 def turn_ends(session: Session) -> list[str]:
@@ -87,7 +87,7 @@ def test_a_background_command_ends_the_turn_at_once_and_wakes_the_parent_when_do
     services.inject(session.id, "run it in the background", wake=True)
     wait_for(lambda: turn_ends(session) == ["completed"], 10, "the first turn's end")
     assert time.monotonic() - began < 4, "the turn does not wait for background work"
-    assert not marker(session).exists()
+    assert marker(session) is None
     task = the_task(session)
     assert task.background
 
@@ -96,7 +96,7 @@ def test_a_background_command_ends_the_turn_at_once_and_wakes_the_parent_when_do
     assert 4.5 < took < 20, took
     (receipt,) = events(session, "task/completed")
     assert receipt["outcome"]["exit_code"] == 0 and receipt["waited"] is False
-    assert marker(session).read_text() == "done\n"
+    assert marker(session) == "done\n"
     assert len(fake_llm.requests) == 3  # one per step: the call, its answer, the woken turn's answer
     assert f"[task {task.id} (command) completed]" in json.dumps(fake_llm.requests[2]["messages"])
     audits_hold(session)
@@ -115,7 +115,7 @@ def test_stop_while_the_command_sleeps_cancels_it_kills_the_group_and_no_marker_
     assert not command.group_alive(task.pgid)
     assert len(events(session, "task/cancelled")) == 1
     time.sleep(6)  # past the sleep: had anything survived, the marker would be there
-    assert not marker(session).exists()
+    assert marker(session) is None
     assert turn_ends(session) == ["completed"]  # a cancel wakes nobody
     audits_hold(session)
 
@@ -146,7 +146,7 @@ def test_kill_9_of_the_supervising_worker_another_reaps_the_group_and_the_parent
     assert receipt["generation"] == task.generation and task.generation >= 2  # under the reaper's generation
     wait_for(lambda: turn_ends(session) == ["completed", "completed"], 20, "the parent told")
     assert "supervisor_lost" in json.dumps(fake_llm.requests[-1]["messages"])
-    assert not marker(session).exists()
+    assert marker(session) is None
     audits_hold(session)
 
 
@@ -241,7 +241,7 @@ def test_stop_of_the_parent_reaches_a_subagents_command_its_group_dies_and_no_ma
     inner.refresh_from_db()
     assert inner.phase == "cancelled" and not command.group_alive(inner.pgid)
     time.sleep(6)
-    assert not marker(child).exists()
+    assert marker(child) is None
     audits_hold(session)
     audits_hold(child)
 
