@@ -127,7 +127,16 @@ def set_projection(session_id: uuid.UUID, profile_id: int, p: dict[str, Any]) ->
             "prompt_tokens = sessions_app_usageday.prompt_tokens + excluded.prompt_tokens, "
             "completion_tokens = sessions_app_usageday.completion_tokens + excluded.completion_tokens, "
             "cost = sessions_app_usageday.cost + excluded.cost",
-            [p["at"].date(), profile_id, tally_shard(session_id), t.steps, t.unpriced, t.prompt_tokens, t.completion_tokens, t.cost],
+            [
+                p["at"].date(),
+                profile_id,
+                tally_shard(session_id),
+                t.steps,
+                t.unpriced,
+                t.prompt_tokens,
+                t.completion_tokens,
+                t.cost,
+            ],
         )
         cur.execute("ANALYZE sessions_app_event")
         cur.execute("ANALYZE sessions_app_session")

@@ -638,7 +638,9 @@ class TurnTally(models.Model):
     class Meta:
         ordering = ["-day"]
         constraints = [
-            models.UniqueConstraint(fields=["day", "profile", "status", "reason", "shard"], name="turntally_shard_uniq"),
+            models.UniqueConstraint(
+                fields=["day", "profile", "status", "reason", "shard"], name="turntally_shard_uniq"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -668,7 +670,9 @@ class ModelTally(models.Model):
 
     class Meta:
         ordering = ["-day"]
-        constraints = [models.UniqueConstraint(fields=["day", "profile", "model", "shard"], name="modeltally_shard_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["day", "profile", "model", "shard"], name="modeltally_shard_uniq")
+        ]
 
     def __str__(self) -> str:
         return f"{self.day} {self.profile_id} {self.model}"

@@ -219,7 +219,8 @@ def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) ->
 
 _USAGE_DAY = "sessions_app_usageday"
 _USAGE_DAY_UPSERT = (
-    f"INSERT INTO {_USAGE_DAY} (day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
+    f"INSERT INTO {_USAGE_DAY} "
+    "(day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
     "SELECT s.day, s.profile_id, s.shard, %s, %s, %s, %s, %s FROM s WHERE true "
     "ON CONFLICT (day, profile_id, shard) DO UPDATE SET "
     f"steps = {_USAGE_DAY}.steps + excluded.steps, "

@@ -5,49 +5,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('sessions_app', '0031_hcode_event_versions'),
+        ("sessions_app", "0031_hcode_event_versions"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='modeltally',
-            name='modeltally_uniq',
+            model_name="modeltally",
+            name="modeltally_uniq",
         ),
         migrations.RemoveConstraint(
-            model_name='turntally',
-            name='turntally_uniq',
+            model_name="turntally",
+            name="turntally_uniq",
         ),
         migrations.RemoveConstraint(
-            model_name='usageday',
-            name='usageday_day_profile_uniq',
+            model_name="usageday",
+            name="usageday_day_profile_uniq",
         ),
         migrations.AddField(
-            model_name='modeltally',
-            name='shard',
+            model_name="modeltally",
+            name="shard",
             field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
-            model_name='turntally',
-            name='shard',
+            model_name="turntally",
+            name="shard",
             field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
-            model_name='usageday',
-            name='shard',
+            model_name="usageday",
+            name="shard",
             field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.AddConstraint(
-            model_name='modeltally',
-            constraint=models.UniqueConstraint(fields=('day', 'profile', 'model', 'shard'), name='modeltally_shard_uniq'),
+            model_name="modeltally",
+            constraint=models.UniqueConstraint(
+                fields=("day", "profile", "model", "shard"), name="modeltally_shard_uniq"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='turntally',
-            constraint=models.UniqueConstraint(fields=('day', 'profile', 'status', 'reason', 'shard'), name='turntally_shard_uniq'),
+            model_name="turntally",
+            constraint=models.UniqueConstraint(
+                fields=("day", "profile", "status", "reason", "shard"), name="turntally_shard_uniq"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='usageday',
-            constraint=models.UniqueConstraint(fields=('day', 'profile', 'shard'), name='usageday_day_profile_shard_uniq'),
+            model_name="usageday",
+            constraint=models.UniqueConstraint(
+                fields=("day", "profile", "shard"), name="usageday_day_profile_shard_uniq"
+            ),
         ),
     ]
