@@ -105,6 +105,8 @@ def set_projection(session_id: uuid.UUID, profile_id: int, p: dict[str, Any]) ->
     """What appending those events one by one would have left behind."""
     from django.db import connection
 
+    from sessions_app.log.runs import tally_shard
+
     t = p["totals"]
     with connection.cursor() as cur:
         cur.execute(
@@ -117,14 +119,24 @@ def set_projection(session_id: uuid.UUID, profile_id: int, p: dict[str, Any]) ->
              t.cost, session_id],
         )  # fmt: skip
         cur.execute(
-            "INSERT INTO sessions_app_usageday (day, profile_id, steps, unpriced_entries, prompt_tokens, "
-            "completion_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (day, profile_id) DO UPDATE SET "
+            "INSERT INTO sessions_app_usageday (day, profile_id, shard, steps, unpriced_entries, prompt_tokens, "
+            "completion_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (day, profile_id, shard) DO UPDATE SET "
             "steps = sessions_app_usageday.steps + excluded.steps, "
             "unpriced_entries = sessions_app_usageday.unpriced_entries + excluded.unpriced_entries, "
             "prompt_tokens = sessions_app_usageday.prompt_tokens + excluded.prompt_tokens, "
             "completion_tokens = sessions_app_usageday.completion_tokens + excluded.completion_tokens, "
             "cost = sessions_app_usageday.cost + excluded.cost",
-            [p["at"].date(), profile_id, t.steps, t.unpriced, t.prompt_tokens, t.completion_tokens, t.cost],
+            [
+                p["at"].date(),
+                profile_id,
+                tally_shard(session_id),
+                t.steps,
+                t.unpriced,
+                t.prompt_tokens,
+                t.completion_tokens,
+                t.cost,
+            ],
         )
         cur.execute("ANALYZE sessions_app_event")
         cur.execute("ANALYZE sessions_app_session")

@@ -645,7 +645,9 @@ class ModelWindow(models.Model):
 
 class UsageDay(models.Model):
     """Usage per agent profile per UTC day, kept by the append transaction of
-    step/end and usage/recorded events so the dashboard never scans logs."""
+    step/end and usage/recorded events so the dashboard never scans logs.
+    Several rows per profile and day (`shard`, TERRET_TALLY_SHARDS), summed
+    by every reader, so that a profile's agents do not queue on one row's lock."""
 
     day = models.DateField()
     profile = models.ForeignKey(AgentProfile, on_delete=models.CASCADE, null=True, blank=True)
@@ -656,10 +658,14 @@ class UsageDay(models.Model):
     cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0))
     # A database default too: the usage upserts (log/catalogue.py) name only their own columns.
     turns = models.BigIntegerField(default=0, db_default=0)
+    # Which of the profile's day rows this is (runs.tally_shard): readers sum them.
+    shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-day"]
-        constraints = [models.UniqueConstraint(fields=["day", "profile"], name="usageday_day_profile_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["day", "profile", "shard"], name="usageday_day_profile_shard_uniq")
+        ]
 
     def __str__(self) -> str:
         return f"{self.day} {self.profile_id}"
@@ -694,11 +700,15 @@ class TurnTally(models.Model):
     reason = models.CharField(max_length=16, blank=True)
     # A database default: the upsert names only its own columns.
     count = models.BigIntegerField(default=0, db_default=0)
+    # Which of the profile's day rows this is (runs.tally_shard): readers sum them.
+    shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-day"]
         constraints = [
-            models.UniqueConstraint(fields=["day", "profile", "status", "reason"], name="turntally_uniq"),
+            models.UniqueConstraint(
+                fields=["day", "profile", "status", "reason", "shard"], name="turntally_shard_uniq"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -723,10 +733,14 @@ class ModelTally(models.Model):
     cost = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
     latency_ms = models.BigIntegerField(default=0, db_default=0)
     timed = models.BigIntegerField(default=0, db_default=0)
+    # Which of the profile's day rows this is (runs.tally_shard): readers sum them.
+    shard = models.SmallIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-day"]
-        constraints = [models.UniqueConstraint(fields=["day", "profile", "model"], name="modeltally_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["day", "profile", "model", "shard"], name="modeltally_shard_uniq")
+        ]
 
     def __str__(self) -> str:
         return f"{self.day} {self.profile_id} {self.model}"

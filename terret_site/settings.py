@@ -286,6 +286,11 @@ TERRET_DAILY_COST_USD = env_limit("TERRET_DAILY_COST_USD", decimal=True)
 TERRET_DAILY_TOKENS = env_limit("TERRET_DAILY_TOKENS")
 TERRET_DAILY_STEPS = env_limit("TERRET_DAILY_STEPS")
 TERRET_DAILY_TURNS = env_limit("TERRET_DAILY_TURNS")
+# The per-profile per-day tallies (UsageDay, ModelTally, TurnTally) are kept in
+# this many rows each, a session writing always the same one (its id modulo
+# this), summed at every read: one shared row would serialize every agent of
+# a profile on its lock until commit. 1: one row (bench/hot_profile.py's baseline).
+TERRET_TALLY_SHARDS = env_int("TERRET_TALLY_SHARDS", 16, minimum=1)
 # A new agent profile's daily budgets (its daily_cost_usd and daily_tokens;
 # empty: none), generous so that only a runaway agent meets them.
 TERRET_PROFILE_DAILY_COST_USD = env_limit("TERRET_PROFILE_DAILY_COST_USD", decimal=True, default=Decimal(50))

@@ -133,7 +133,8 @@ class Kind:
     doc: str
     project: Callable[[Json], list[Assignment]] | None = None
     # Extra writes in the append's own statement/transaction (see log/backends):
-    # each SQL reads the appended row's session as `s` (s.profile_id, s.day).
+    # each SQL reads the appended row's session as `s` (s.profile_id, s.day, and
+    # s.shard: which of its profile's day tally rows it adds to, runs.tally_shard).
     extra: Callable[[Json], list[Assignment]] | None = None
     # The payload's schema version: a change to `schema` that an older
     # payload no longer meets bumps it, with an upcaster per step
@@ -219,9 +220,10 @@ def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) ->
 
 _USAGE_DAY = "sessions_app_usageday"
 _USAGE_DAY_UPSERT = (
-    f"INSERT INTO {_USAGE_DAY} (day, profile_id, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
-    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s FROM s WHERE true "
-    "ON CONFLICT (day, profile_id) DO UPDATE SET "
+    f"INSERT INTO {_USAGE_DAY} "
+    "(day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
+    "SELECT s.day, s.profile_id, s.shard, %s, %s, %s, %s, %s FROM s WHERE true "
+    "ON CONFLICT (day, profile_id, shard) DO UPDATE SET "
     f"steps = {_USAGE_DAY}.steps + excluded.steps, "
     f"unpriced_entries = {_USAGE_DAY}.unpriced_entries + excluded.unpriced_entries, "
     f"prompt_tokens = {_USAGE_DAY}.prompt_tokens + excluded.prompt_tokens, "
@@ -232,24 +234,24 @@ _USAGE_DAY_UPSERT = (
 
 _TURNS_DAY_UPSERT = (
     f"INSERT INTO {_USAGE_DAY} "
-    "(day, profile_id, steps, unpriced_entries, prompt_tokens, completion_tokens, cost, turns) "
-    "SELECT s.day, s.profile_id, 0, 0, 0, 0, 0, 1 FROM s WHERE true "
-    f"ON CONFLICT (day, profile_id) DO UPDATE SET turns = {_USAGE_DAY}.turns + 1"
+    "(day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost, turns) "
+    "SELECT s.day, s.profile_id, s.shard, 0, 0, 0, 0, 0, 1 FROM s WHERE true "
+    f"ON CONFLICT (day, profile_id, shard) DO UPDATE SET turns = {_USAGE_DAY}.turns + 1"
 )
 # Turns ended by status and budget reason, and model requests by model, per
 # profile per UTC day (TurnTally, ModelTally: read by /metrics).
 _TURN_TALLY = "sessions_app_turntally"
 _TURN_TALLY_UPSERT = (
-    f"INSERT INTO {_TURN_TALLY} (day, profile_id, status, reason, count) "
-    "SELECT s.day, s.profile_id, %s, %s, 1 FROM s WHERE true "
-    f"ON CONFLICT (day, profile_id, status, reason) DO UPDATE SET count = {_TURN_TALLY}.count + 1"
+    f"INSERT INTO {_TURN_TALLY} (day, profile_id, shard, status, reason, count) "
+    "SELECT s.day, s.profile_id, s.shard, %s, %s, 1 FROM s WHERE true "
+    f"ON CONFLICT (day, profile_id, status, reason, shard) DO UPDATE SET count = {_TURN_TALLY}.count + 1"
 )
 _MODEL_TALLY = "sessions_app_modeltally"
 _MODEL_SPEND_UPSERT = (
     f"INSERT INTO {_MODEL_TALLY} "
-    "(day, profile_id, model, requests, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
-    "SELECT s.day, s.profile_id, %s, %s, %s, %s, %s, %s, %s FROM s WHERE true "
-    "ON CONFLICT (day, profile_id, model) DO UPDATE SET "
+    "(day, profile_id, shard, model, requests, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
+    "SELECT s.day, s.profile_id, s.shard, %s, %s, %s, %s, %s, %s, %s FROM s WHERE true "
+    "ON CONFLICT (day, profile_id, model, shard) DO UPDATE SET "
     f"requests = {_MODEL_TALLY}.requests + excluded.requests, "
     f"prompt_tokens = {_MODEL_TALLY}.prompt_tokens + excluded.prompt_tokens, "
     f"completion_tokens = {_MODEL_TALLY}.completion_tokens + excluded.completion_tokens, "

@@ -105,6 +105,13 @@ def prepare(kind: str, data: dict[str, Any]) -> Item:
     return Item(kind, data, spec, payload)
 
 
+def tally_shard(session_id: uuid.UUID | str) -> int:
+    """Which of its profile's day tally rows a session's appends add to
+    (TERRET_TALLY_SHARDS): always the same one, and spread across sessions."""
+    sid = session_id if isinstance(session_id, uuid.UUID) else uuid.UUID(str(session_id))
+    return sid.int % settings.TERRET_TALLY_SHARDS
+
+
 @dataclass
 class Run:
     session_id: uuid.UUID

@@ -10,8 +10,9 @@ whole installation per UTC day may spend.
 
 Four budgets at each level: cost (USD), tokens (prompt plus completion),
 model steps and turns. Spent is the log's running totals: the Session row
-(kept by every append) for a session, UsageDay for a profile's day and the
-sum of today's UsageDay rows for the installation. Utility requests (the
+(kept by every append) for a session, the sum of a profile's UsageDay rows
+of the day (one per tally shard, TERRET_TALLY_SHARDS) for a profile's day
+and the sum of today's UsageDay rows for the installation. Utility requests (the
 titler, the summarizer) and the spend of requests whose reply never
 committed count like any step (usage/recorded).
 
@@ -21,6 +22,16 @@ When a budget is checked, and what the next action would add:
 A budget is exhausted when the spend has reached its limit, or the next
 action would pass it: tokens and cost at spent >= limit, steps at
 steps + 1 > limit, turns at turns (+1 when opening) > limit.
+
+Concurrent turns of one profile (or of the installation): a check reads
+committed spend only and takes no lock, so a step that passed its check
+is not counted by another turn's check until its step/end commits. A
+daily budget can therefore be passed by at most the steps in flight when
+its spend reached the limit, one per turn running in that scope: steps by
+at most (running turns - 1), cost and tokens by what those steps spend;
+turns by at most (turns opened at once - 1). That bound is the same with
+one tally row or several (TERRET_TALLY_SHARDS): the rows only split the
+writes, and every read sums them (tests/sessions_app/runtime/test_hot_profile.py).
 
 Unpriced spend under a cost budget: a cost budget cannot be enforced on a
 request whose price is unknown, and unpriced is never $0, so a cost budget
@@ -294,6 +305,8 @@ def children_spent(session_id: uuid.UUID | str) -> Spent:
 # Every profile has a daily budget by default (TERRET_PROFILE_DAILY_*), so
 # this read runs before every model step: one hand-written statement, not the
 # ORM's aggregate, which cost about 1 ms of CPU per step to build (bench/turns.py).
+# It sums the profile's shard rows (at most TERRET_TALLY_SHARDS, read from
+# the (day, profile, shard) unique index).
 _DAY_SUMS = (
     "SELECT COALESCE(SUM(cost), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
     "COALESCE(SUM(steps), 0), COALESCE(SUM(turns), 0), COALESCE(SUM(unpriced_entries), 0) "

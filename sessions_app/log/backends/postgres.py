@@ -22,7 +22,7 @@ from django.db import connection
 from psycopg.rows import dict_row
 
 from sessions_app.log.records import WORKLOAD_COLUMNS
-from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run
+from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run, tally_shard
 from sessions_app.log.sql import Sql
 
 TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
@@ -70,12 +70,16 @@ def _run(sql: str, params: list[Any], *, prepare: bool) -> list[dict[str, Any]]:
 def append_run(run: Run) -> list[dict[str, Any]]:
     """One statement: the UPDATE takes the row lock and yields the seqs, the
     kind's extra writes ride along as data-modifying CTEs reading the updated
-    row `s` (s.profile_id, s.day), and the INSERT writes every event."""
+    row `s` (s.profile_id, s.day, s.shard), and the INSERT writes every event."""
     n = len(run.items)
     q = Sql(f"WITH s AS (UPDATE {SESSION_TABLE} SET ").extend(run.set_sql(VERSIONS_SET))
     q.add(" WHERE ").extend(run.where_sql(run.session_id)).add(" RETURNING id, last_seq")
     if run.extras:
-        q.add(", profile_id, CAST(%s AS date) AS day", run.now.date())
+        q.add(
+            ", profile_id, CAST(%s AS date) AS day, CAST(%s AS smallint) AS shard",
+            run.now.date(),
+            tally_shard(run.session_id),
+        )
     if run.release:
         q.add("".join(f", {c}" for c in WORKLOAD_COLUMNS))
     q.add(")")

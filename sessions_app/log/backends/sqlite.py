@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connection
 
 from sessions_app.log.records import WORKLOAD_COLUMNS
-from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run
+from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run, tally_shard
 from sessions_app.log.sql import Sql
 
 ONE_STATEMENT = False
@@ -68,8 +68,8 @@ def append_run(run: Run) -> list[dict[str, Any]]:
     fetch(insert.text, insert.params)
     for sql, params in run.extras:
         fetch(
-            f"WITH s(last_seq, profile_id, day) AS (SELECT %s, %s, %s) {sql}",
-            [row["last_seq"], row["profile_id"], run.now.date().isoformat(), *params],
+            f"WITH s(last_seq, profile_id, day, shard) AS (SELECT %s, %s, %s, %s) {sql}",
+            [row["last_seq"], row["profile_id"], run.now.date().isoformat(), tally_shard(run.session_id), *params],
         )
     workload = {c: row[c] for c in (*WORKLOAD_COLUMNS, "slots_wanted")} if run.release else {}
     return [{"seq": first + i, **workload} for i in range(len(run.items))]

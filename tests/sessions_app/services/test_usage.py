@@ -79,8 +79,9 @@ def _days(profile: AgentProfile) -> list[tuple[Any, UsageDay]]:
     return [(row.day, row) for row in UsageDay.objects.filter(profile=profile)]
 
 
-def test_usage_day_is_one_row_per_profile_and_day(make_user: Any, profile: AgentProfile, settings: Any) -> None:
+def test_usage_day_is_one_row_per_profile_day_and_shard(make_user: Any, profile: AgentProfile, settings: Any) -> None:
     settings.TERRET_WORKER = "manual"
+    settings.TERRET_TALLY_SHARDS = 1  # every session on one row (the sharded case: test_hot_profile.py)
     a = services.create_session(make_user(), profile)
     b = services.create_session(make_user(), profile)
     for sid in (a.id, b.id, a.id):

@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -101,9 +102,14 @@ def test_staff_sees_totals_per_profile_and_day_and_the_chart(
     html = client.get("/dashboard/").content.decode()
     assert '<svg class="cost-chart"' in html and "<rect" in html
     assert 'class="unpriced"' in html  # today's marker: an unpriced step
-    (day,) = UsageDay.objects.filter(profile=profile)
-    assert (day.steps, day.unpriced_entries, day.cost) == (2, 1, Decimal("0.0123"))
-    assert day.day.isoformat() in html
+    # One row per tally shard the two sessions fall on: the page shows their sum.
+    (day,) = (
+        UsageDay.objects.filter(profile=profile)
+        .values("day")
+        .annotate(steps=Sum("steps"), unpriced=Sum("unpriced_entries"), cost=Sum("cost"))
+    )
+    assert (day["steps"], day["unpriced"], day["cost"]) == (2, 1, Decimal("0.0123"))
+    assert day["day"].isoformat() in html
     assert "$0.0123 + 1 unpriced" in html
     assert "alice" in html  # the owner column
 
