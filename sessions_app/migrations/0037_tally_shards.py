@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sessions_app", "0031_hcode_event_versions"),
+        ("sessions_app", "0036_task_owned_work"),
     ]
 
     operations = [
