@@ -103,8 +103,8 @@ def test_the_admin_edits_a_profiles_bounds_and_refuses_zero(profile: AgentProfil
     data = {k: v for k, v in model_to_dict(profile).items() if v is not None}
     for field in (
         "roles",
-        "builtin_tools",
         "mcp_servers",
+        "command_allow",
         "approvals",
         "context_windows",
         "image_roles",

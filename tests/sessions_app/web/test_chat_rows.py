@@ -91,29 +91,21 @@ def test_the_composer_notice_is_emptied_once_its_input_lands(owner: Any, chat: S
     assert NOTICE_CLEARED in "".join(f.html for f in follower.events(event_frames(chat.id, after)))
 
 
-def test_the_files_panel_lists_the_workspace_with_version_and_writer(
-    owner: Any, chat: Session, make_user: Any, settings: Any, tmp_path: Any
-) -> None:
-    """Issue 34, part 3 (listing only): name, size, version and last writer."""
-    from sessions_app.tools.builtins import workspace_dir
+def test_the_files_panel_lists_the_workspace_with_version_and_writer(owner: Any, chat: Session, make_user: Any) -> None:
+    """Issue 34, part 3: the session's documents, each at its head, with its
+    size, version and who committed it."""
+    from sessions_app.runtime import documents
 
-    settings.TERRET_WORKSPACE_ROOT = str(tmp_path)
-    root = workspace_dir(chat.id)
-    (root / "notes").mkdir(parents=True)
-    (root / "notes" / "todo.txt").write_text("remember the milk")
-    (root / "stray.bin").write_bytes(b"x" * 2048)
-    for call_id in ("w1", "w2", "w3"):
-        call = {"id": call_id, "name": "workspace.write", "arguments": '{"path": "notes/todo.txt", "content": "x"}'}
-        log.append(chat.id, "assistant/message", {"content": None, "tool_calls": [call]})
-        failed = {"is_error": True} if call_id == "w3" else {}  # a failed write is no version
-        log.append(chat.id, "tool/result", {"call_id": call_id, "name": "workspace.write", "content": "ok", **failed})
+    for text in ("remember", "remember the milk"):
+        documents.write(chat.id, "notes/todo.txt", text.encode(), by="agent")
+    documents.write(chat.id, "stray.bin", b"x" * 2048, by="alice")
     html = client_for(owner).get(reverse("sessions:chat", args=[chat.id])).content.decode()
     table = re.search(r'<table class="files-table".*?</table>', html, re.S)
     assert table, "the panel lists the files"
     rows = re.findall(r"<tr><td><code>(.*?)</code>.*?<td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", table.group(0))
     assert rows == [
         ("notes/todo.txt", "17\xa0bytes", "v2", "the agent"),
-        ("stray.bin", "2.0\xa0KB", "—", "outside the log"),
+        ("stray.bin", "2.0\xa0KB", "v1", "alice"),
     ]
     # another user sees nothing of it
     assert client_for(make_user("mallory")).get(reverse("sessions:chat", args=[chat.id])).status_code == 404
