@@ -35,7 +35,7 @@ from django.utils import timezone
 from sessions_app import log
 from sessions_app.errors import UnknownTask
 from sessions_app.models import TASK_TERMINAL, Event, Task
-from sessions_app.runtime import admission, liveness
+from sessions_app.runtime import admission, documents, liveness
 from sessions_app.runtime.lease import owner_id, process_gone
 
 logger = logging.getLogger(__name__)
@@ -368,31 +368,52 @@ def settle(
         return False
     with log.locked(owner["session_id"]) as tx:
         task = Task.objects.select_for_update().filter(id=task_id).first()
-        if task is None or task.receipt_seq is not None or task.generation != generation:
+        if task is None or task.generation != generation:
             return False
-        waited = task.waiter_turn is not None and task.waiter_turn == tx.row["open_turn_seq"]
-        data: dict[str, Any] = {"task_id": str(task.id), "kind": task.kind, "waited": waited}
-        data["generation"] = generation
-        if outcome is not None:
-            data["outcome"] = outcome
-        if reason is not None:
-            data["reason"] = reason
-        receipt = tx.append(RECEIPTS[phase], data)
-        if waited:
-            wake_on_commit(tx.session_id)
-        elif phase != "cancelled" and tx.row["revoked_seq"] is None and _told(task):
-            # A background task's end is news for the owner: a follow-up opens a turn of its own.
-            text = _follow_up_text(task, phase, outcome, reason)
-            admission.defer(tx, text, "follow_up", f"task:{task.id}", task_id=str(task.id))
-            wake_on_commit(tx.session_id)
-        task.phase = phase
-        task.outcome = outcome
-        task.reason = reason
-        task.receipt_seq = receipt.seq
-        task.ended_at = timezone.now()
-        task.lease_expires_at = None
-        task.save(update_fields=["phase", "outcome", "reason", "receipt_seq", "ended_at", "lease_expires_at"])
-    return True
+        if task.receipt_seq is None:
+            _receipt(tx, task, generation, phase, outcome, reason)
+            settled_now = True
+        else:
+            settled_now = False
+    # Task-scoped documents end with their task (runtime/documents.py), after
+    # the receipt's commit, each in a commit of its own: a crash between the
+    # two leaves them live until the task is settled again (a reaper or a
+    # stale supervisor), which finds the receipt and retires them then.
+    documents.retire_task(owner["session_id"], str(task_id))
+    return settled_now
+
+
+def _receipt(
+    tx: log.SessionTx,
+    task: Task,
+    generation: int,
+    phase: str,
+    outcome: dict[str, Any] | None,
+    reason: dict[str, Any] | None,
+) -> None:
+    """The terminal receipt, and the follow-up that tells the owner of a background task's end."""
+    waited = task.waiter_turn is not None and task.waiter_turn == tx.row["open_turn_seq"]
+    data: dict[str, Any] = {"task_id": str(task.id), "kind": task.kind, "waited": waited}
+    data["generation"] = generation
+    if outcome is not None:
+        data["outcome"] = outcome
+    if reason is not None:
+        data["reason"] = reason
+    receipt = tx.append(RECEIPTS[phase], data)
+    if waited:
+        wake_on_commit(tx.session_id)
+    elif phase != "cancelled" and tx.row["revoked_seq"] is None and _told(task):
+        # A background task's end is news for the owner: a follow-up opens a turn of its own.
+        text = _follow_up_text(task, phase, outcome, reason)
+        admission.defer(tx, text, "follow_up", f"task:{task.id}", task_id=str(task.id))
+        wake_on_commit(tx.session_id)
+    task.phase = phase
+    task.outcome = outcome
+    task.reason = reason
+    task.receipt_seq = receipt.seq
+    task.ended_at = timezone.now()
+    task.lease_expires_at = None
+    task.save(update_fields=["phase", "outcome", "reason", "receipt_seq", "ended_at", "lease_expires_at"])
 
 
 def _told(task: Task) -> bool:

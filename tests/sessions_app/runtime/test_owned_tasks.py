@@ -145,6 +145,24 @@ def test_a_command_works_on_the_sessions_documents_and_commits_what_it_changed(
     audits_hold(session)
 
 
+def test_a_tasks_own_documents_retire_with_its_terminal_receipt(fake_llm: Any, session: Session) -> None:
+    fake_llm.script(start(["sh", "-c", "true"], background=False), Reply(text="done"))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "parked"
+    (task,) = Task.objects.all()
+    documents.write(session.id, "scratch.json", b"{}", kind="json", scope="task", task=str(task.id), by="agent")
+    documents.write(session.id, "keep.txt", b"kept", by="agent")
+    assert document_text(session.id, "scratch.json") == "{}"
+    assert supervise.run_task(str(task.id)) == "done"
+    assert document_text(session.id, "scratch.json") is None
+    assert document_text(session.id, "keep.txt") == "kept"
+    (retired,) = events(session, "document/retired")
+    assert (retired["name"], retired["reason"]) == ("scratch.json", "task_ended")
+    assert not store.settle(task.id, task.generation + 1, "done", outcome={})  # another generation: nothing
+    assert len(events(session, "document/retired")) == 1
+    audits_hold(session)
+
+
 def test_a_background_command_ends_the_turn_at_once_and_its_receipt_wakes_the_owner(
     fake_llm: Any, session: Session
 ) -> None:
