@@ -34,7 +34,7 @@ from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from sessions_app.models import Task
+from sessions_app.models import Task, WorkerProcess
 from sessions_app.runtime import counters, hooks
 from sessions_app.runtime.owned import command, kinds, store, subagent
 from sessions_app.runtime.owned.supervision import Settlement, Supervision
@@ -148,10 +148,12 @@ def _unowned() -> int:
         gone = store.process_gone(f"{Task._meta.db_table}.supervisor_process")
         expired |= Q(RawSQL(gone, [], output_field=BooleanField()))  # noqa: S611 - constant SQL
     host = socket.gethostname()
+    # Another host's group only that host can kill; but a host with no worker
+    # registered any more is gone, and its tasks are ended from here.
+    hosts_alive = WorkerProcess.objects.values("host")
+    ours = Q(host="") | Q(host=host) | ~Q(host__in=hosts_alive)
     moved = 0
-    for task_id in (
-        candidates.filter(expired).filter(Q(host="") | Q(host=host)).values_list("id", flat=True)[:REAP_BATCH]
-    ):
+    for task_id in candidates.filter(expired).filter(ours).values_list("id", flat=True)[:REAP_BATCH]:
         claim = store.claim(task_id, takeover=True)
         if claim is None:
             continue
@@ -164,7 +166,8 @@ def _unowned() -> int:
 def _end_unowned(claim: store.Claim) -> None:
     task = claim.task
     kind = kinds.resolve(task.kind, task.version)
-    if task.kind == "command":
+    here = task.host in ("", socket.gethostname())
+    if task.kind == "command" and here:
         command.reap(task.id, task.pgid)
     if claim.phase_before == "completing" and task.outcome is not None:
         held = (task.checkpoint or {}).get("held", "done")
@@ -176,6 +179,8 @@ def _end_unowned(claim: store.Claim) -> None:
         store.start_now(task.id)
     else:
         reason = {"code": "supervisor_lost", "supervisor": task.supervisor or ""}
+        if not here:
+            reason["host_gone"] = task.host
         store.settle(task.id, claim.generation, "failed", reason=reason)
 
 

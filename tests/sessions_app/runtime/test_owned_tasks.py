@@ -26,7 +26,7 @@ from django.utils import timezone
 from prometheus_client import generate_latest
 
 from sessions_app import actions, services
-from sessions_app.models import AgentProfile, Session, Task
+from sessions_app.models import AgentProfile, Session, Task, WorkerProcess
 from sessions_app.runtime import documents
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.effects import effects_audit
@@ -142,6 +142,38 @@ def test_a_command_works_on_the_sessions_documents_and_commits_what_it_changed(
     (written,) = [e for e in events(session, "document/written") if e["name"] == "upper.txt"]
     assert written["by"] == f"task:{task.id}"
     assert list((tmp_path / "host").iterdir()) == []  # the scratch directory is gone
+    audits_hold(session)
+
+
+def test_a_task_supervised_on_a_host_that_is_gone_is_ended_from_another(fake_llm: Any, session: Session) -> None:
+    """Another host's process group only that host can kill; but once no
+    worker of that host is registered, its unowned tasks are ended here,
+    failed supervisor_lost naming the host, and no group here is touched."""
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=True), Reply(text="ok"), Reply(text="told"))
+    services.run_turn(session.id, "run it")
+    drive(session.id)
+    (task,) = Task.objects.all()
+    claim = store.claim(task.id)
+    assert claim is not None
+    mine = subprocess.Popen(["sleep", "30"], start_new_session=True)  # a group here, with the recorded id
+    try:
+        expired = timezone.now() - timedelta(seconds=1)
+        Task.objects.filter(id=task.id).update(host="elsewhere", pgid=mine.pid, lease_expires_at=expired)
+        WorkerProcess.objects.create(key=424242, host="elsewhere", pid=1)
+        supervise.reap()
+        task.refresh_from_db()
+        assert task.phase == "running"  # that host still has a worker: its reaper's job
+        WorkerProcess.objects.filter(key=424242).delete()
+        assert supervise.reap() >= 1
+        task.refresh_from_db()
+        assert task.phase == "failed"
+        assert task.reason == {"code": "supervisor_lost", "supervisor": task.supervisor, "host_gone": "elsewhere"}
+        assert mine.poll() is None and command.group_alive(mine.pid)  # not this host's group to kill
+    finally:
+        mine.kill()
+        mine.wait()
+    (follow_up,) = events(session, "input/deferred")
+    assert follow_up["task_id"] == str(task.id)
     audits_hold(session)
 
 
