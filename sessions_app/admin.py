@@ -395,7 +395,7 @@ class StatusFilter(admin.SimpleListFilter):
             ("idle", "idle"),
             ("running", "running"),
             ("waiting_approval", "waiting for approval"),
-            ("waiting_task", "waiting for its tasks"),
+            ("waiting_task", "waiting for a task"),
             ("waiting_reconcile", "waiting for an operator"),
             ("blocked", "blocked"),
             ("waiting_slot", "waiting for an agent slot"),

@@ -9,12 +9,13 @@ from typing import Any
 from sessions_app.actions.sessions import compact
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.log.reads import stall_stands
+from sessions_app.runtime import limits
 
 STATUS_LABELS = {
     "idle": "idle",
     "running": "running",
     "waiting_approval": "waiting for approval",
-    "waiting_task": "waiting for its tasks",
+    "waiting_task": "waiting for a task",
     "waiting_reconcile": "waiting for an operator",
     "suspended": "suspended by an operator",
     "revoked": "revoked",
@@ -43,16 +44,29 @@ def shown_state(session: Any) -> tuple[str, str]:
             if stall_stands(session):
                 return "stalled", "stalled"
             if not session.lease_owner:
-                return "waiting_task", "waiting for a task"
+                return "waiting_worker", "waiting for a worker"
         return status, status_label(status)
     if session.held_seq is not None:
-        return "held", "held (budget)"
+        return ("suspended", "held (suspended)") if _suspended_above(session) else ("held", "held (budget)")
     if session.waiting_seq is not None:
-        return "waiting_task", "waiting for an agent slot"
+        return "waiting_worker", "waiting for an agent slot"
     # Owed a turn (the sweep's owed(), runtime/sweep.py): a task is queued or about to be.
     if session.queued_follow_ups > 0 or (session.woken_steers > 0 and session.last_input_seq > session.inbox_seq):
-        return "waiting_task", "waiting for a task"
+        return "waiting_worker", "waiting for a worker"
     return "idle", "idle"
+
+
+def _suspended_above(session: Any) -> bool:
+    """Whether a profile or global suspension holds the session's input (a
+    cached read, limits.suspensions; the profile's name is read only while
+    some profile is suspended)."""
+    found = limits.suspensions()
+    if not found:
+        return False
+    if ("global", "") in found:
+        return True
+    profile = session.profile if session.profile_id is not None else None
+    return profile is not None and ("profile", profile.name) in found
 
 
 def compact_outcome(user: Any, session_id: Any) -> tuple[bool, str]:

@@ -52,7 +52,7 @@ async def test_replays_from_after_then_follows_each_event_once_in_order(world):
     assert appended(more) == [5]
     assert 'id="chat-facts" class="chat-facts" data-status="running" hx-swap-oob="true"' in more[-1]
     # the header follows the log: the turn is open, and no worker has taken it yet
-    assert 'id="status" class="badge waiting_task"' in more[-1]
+    assert 'id="status" class="badge waiting_worker"' in more[-1]
     assert 'id="approvals" class="approvals" aria-label="Pending approvals" hx-swap-oob="true"' in more[-1]
     await comm.disconnect()
 

@@ -61,13 +61,33 @@ def test_holds_read_as_holds_on_the_list_the_dashboard_and_the_chat(owner: Any, 
     assert everywhere(chat) == {"revoked:revoked"}
 
 
-def test_an_open_turn_no_worker_has_taken_waits_for_a_task(owner: Any, chat: Session) -> None:
+@pytest.mark.parametrize("scope", ["profile", "global"])
+def test_input_held_by_a_profile_or_global_suspension_reads_held_suspended(
+    owner: Any, chat: Session, profile: Any, scope: str
+) -> None:
+    c = client_for(owner)
+    target = profile.name if scope == "profile" else ""
+    ops.suspend(scope, target, by="op", reason="maintenance")
+    try:
+        assert inject(chat.id, "hello", wake=True, by="owner").disposition == "held"
+        session = Session.objects.get(id=chat.id)
+        assert session.held_seq is not None
+        assert shown_state(session) == ("suspended", "held (suspended)")
+        assert chat_badge(c.get(reverse("sessions:chat", args=[chat.id])).content.decode()) == (
+            "suspended:held (suspended)"
+        )
+        assert badge(c.get(reverse("sessions:list")).content.decode(), chat) == "suspended:held (suspended)"
+    finally:
+        ops.resume(scope, target, by="op")
+
+
+def test_an_open_turn_no_worker_has_taken_waits_for_a_worker(owner: Any, chat: Session) -> None:
     log.append(chat.id, "turn/start", {"by": "test"})
     session = Session.objects.get(id=chat.id)
     assert session.status == "running" and not session.lease_owner
-    assert shown_state(session) == ("waiting_task", "waiting for a task")
+    assert shown_state(session) == ("waiting_worker", "waiting for a worker")
     html = client_for(owner).get(reverse("sessions:chat", args=[chat.id])).content.decode()
-    assert chat_badge(html) == "waiting_task:waiting for a task"
+    assert chat_badge(html) == "waiting_worker:waiting for a worker"
 
 
 def test_a_held_input_is_one_row_with_its_reason_and_what_frees_it(owner: Any, chat: Session) -> None:

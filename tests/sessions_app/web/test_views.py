@@ -179,7 +179,7 @@ def test_message_on_idle_agent_starts_a_turn(chat: Session) -> None:
     assert kinds(chat) == ["agent/spawned", "turn/start", "user/message"]
     page = c.get(urls(chat)["chat"]).content.decode()
     assert "what time is it" in page
-    assert 'class="badge waiting_task"' in page  # the turn is open, and no worker has taken it yet
+    assert 'class="badge waiting_worker"' in page  # the turn is open, and no worker has taken it yet
 
 
 def test_resubmitted_form_is_not_run_twice(chat: Session) -> None:
@@ -249,7 +249,9 @@ def test_chat_page_renders_tool_calls_results_cost_and_live_state(chat: Session)
     assert f'ws-connect="/ws/sessions/{chat.id}/page/?after={chat.last_seq}"' in page
     listing = client_for(chat.owner).get(reverse("sessions:list")).content.decode()
     assert (
-        "Asking the time" in listing and "<td>$0.0000 + 1 unpriced</td>" in listing and "waiting for a task" in listing
+        "Asking the time" in listing
+        and "<td>$0.0000 + 1 unpriced</td>" in listing
+        and "waiting for a worker" in listing
     )
     assert chat.agent.agent_id in listing
 
