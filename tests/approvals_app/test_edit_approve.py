@@ -16,10 +16,11 @@ from policies_app import services as policies
 from sessions_app import services
 from sessions_app.errors import AlreadyDecided, InvalidInput, NotAllowed
 from sessions_app.models import Event, Session
-from sessions_app.runtime import effects
+from sessions_app.runtime import documents, effects
 from sessions_app.runtime.drive import drive
 from tests.approvals_app.conftest import count, events, kinds, park
 from tests.fakes.fake_llm import Reply
+from tests.helpers import document_text
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -51,7 +52,7 @@ def test_the_tool_runs_with_the_edited_arguments_and_the_model_is_told(
     }
     assert drive(session.id) == "ended"
     # At the tool: the reviewer's text was written, never the model's.
-    assert (tmp_path / session.id.hex / "a.txt").read_text() == "from the reviewer"
+    assert document_text(session.id, "a.txt") == "from the reviewer"
     [attempt] = events(session, "tool/attempt")
     assert json.loads(attempt["arguments"]) == EDITED and attempt["edited"] is True
     [result] = events(session, "tool/result")
@@ -74,7 +75,7 @@ def test_a_replayed_attempt_runs_the_edited_arguments_again(
     approvals.decide(session.id, call.call_id, "approve", user=reviewer, edited_args=EDITED)
     # Nothing in this process remembers the edit: the next drive reads it from the verdict.
     assert drive(session.id) == "ended"
-    assert (tmp_path / session.id.hex / "a.txt").read_text() == "from the reviewer"
+    assert document_text(session.id, "a.txt") == "from the reviewer"
 
 
 @pytest.mark.parametrize(
@@ -162,10 +163,10 @@ def test_allow_for_session_appends_the_policy_and_the_verdict_together(
     assert policy["patterns"]  # the allow-list in force is kept (the profile's floor, now the session's)
     assert drive(session.id) == "ended"
     # The next turn's workspace.write runs without asking: counted at the tool.
-    (tmp_path / session.id.hex / "a.txt").unlink()
+    documents.retire(session.id, "a.txt", reason="deleted")
     services.run_turn(session.id, "again")
     assert drive(session.id) == "ended"
-    assert (tmp_path / session.id.hex / "a.txt").read_text() == "from the model"
+    assert document_text(session.id, "a.txt") == "from the model"
     assert len(events(session, "approval/requested")) == 1
 
 

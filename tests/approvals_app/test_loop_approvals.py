@@ -19,6 +19,7 @@ from sessions_app.models import AgentProfile, Session
 from sessions_app.runtime.drive import drive
 from tests.approvals_app.conftest import events, kinds, park
 from tests.fakes.fake_llm import Reply
+from tests.helpers import document_text
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -41,7 +42,7 @@ def test_mutating_call_parks_and_holds_no_worker(fake_llm: Any, session: Session
     session.refresh_from_db()
     assert session.status == "waiting_approval" and session.pending_approvals == 1
     assert session.lease_owner == ""  # the drive returned: no worker is held while parked
-    assert not (workspace(session, tmp_path) / "a.txt").exists()
+    assert document_text(session.id, "a.txt") is None
     assert len(fake_llm.requests) == 1
     # Driving again while parked does nothing and asks nothing again.
     assert drive(session.id) == "parked"
@@ -59,7 +60,7 @@ def test_approve_resumes_and_is_never_asked_again(
     assert pending(session.id) == []
     # A fresh drive (a "restarted" worker: new lease, state only from the log).
     assert drive(session.id) == "ended"
-    assert (workspace(session, tmp_path) / "a.txt").read_text() == "hello"
+    assert document_text(session.id, "a.txt") == "hello"
     [result] = events(session, "tool/result")
     assert result["call_id"] == call.call_id and result["is_error"] is False and "wrote" in result["content"]
     assert events(session, "approval/resolved") == [
@@ -88,7 +89,7 @@ def test_deny_becomes_an_error_result_and_the_turn_goes_on(
     assert drive(session.id) == "ended"
     [result] = events(session, "tool/result")
     assert result["is_error"] is True and result["content"] == "denied: not today"
-    assert not (workspace(session, tmp_path) / "a.txt").exists()
+    assert document_text(session.id, "a.txt") is None
     assert events(session, "turn/end") == [{"status": "completed"}]
 
 
@@ -123,7 +124,7 @@ def test_two_calls_park_together_and_each_runs_on_its_own_verdict(
     a, b = pending(session.id)
     approvals.decide(session.id, a.call_id, "approve", user=reviewer)
     assert drive(session.id) == "parked"  # a ran; b still waits
-    assert (workspace(session, tmp_path) / "a.txt").exists()
+    assert document_text(session.id, "a.txt") is not None
     assert [c.call_id for c in pending(session.id)] == [b.call_id]
     approvals.decide(session.id, b.call_id, "deny", user=reviewer)
     assert drive(session.id) == "ended"

@@ -15,7 +15,7 @@ from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime.effects import effects_audit
 from tests.fakes.fake_llm import Reply
-from tests.helpers import wait_for
+from tests.helpers import document_text, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -56,12 +56,12 @@ def test_restart_while_parked(
     approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), request_seq=call.seq)
     time.sleep(1.0)  # no worker is alive: nothing may happen yet
     assert data(session, "tool/result") == []
-    assert not (tmp_path / session.id.hex / "out.txt").exists()
+    assert document_text(session.id, "out.txt") is None
 
     start_worker(name="second")
     wait_until(lambda: data(session, "turn/end"), what="the fresh worker to finish the turn")
     assert data(session, "turn/end") == [{"status": "completed"}]
-    assert (tmp_path / session.id.hex / "out.txt").read_text() == "from the second worker"
+    assert document_text(session.id, "out.txt") == "from the second worker"
     [result] = data(session, "tool/result")
     assert result["call_id"] == call.call_id and result["is_error"] is False
     [attempt] = data(session, "tool/attempt")  # approved, then run once, by the second worker
@@ -94,7 +94,7 @@ def test_cancel_with_a_parked_call_under_a_worker(
     assert pending(session.id) == []
     assert [r["verdict"] for r in data(session, "approval/resolved")] == ["deny"]
     assert data(session, "tool/result")[0]["is_error"] is True
-    assert not (tmp_path / session.id.hex / "x").exists()
+    assert document_text(session.id, "x") is None
 
 
 def test_edited_arguments_run_in_a_fresh_worker(
@@ -120,7 +120,7 @@ def test_edited_arguments_run_in_a_fresh_worker(
     approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), edited_args=edited)
     start_worker(name="second")
     wait_until(lambda: data(session, "turn/end"), what="the fresh worker to finish the turn")
-    assert (tmp_path / session.id.hex / "out.txt").read_text() == "the reviewer's"
+    assert document_text(session.id, "out.txt") == "the reviewer's"
     [attempt] = data(session, "tool/attempt")
     assert attempt["edited"] is True and attempt["arguments"] == '{"path": "out.txt", "content": "the reviewer\'s"}'
     assert "A reviewer edited the arguments" in fake_llm.requests[1]["messages"][-1]["content"]

@@ -13,7 +13,7 @@ from approvals_app.selectors import pending
 from sessions_app import services
 from sessions_app.models import AgentProfile, Event, Session
 from tests.fakes.fake_llm import Reply
-from tests.helpers import wait_for
+from tests.helpers import document_text, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -61,7 +61,7 @@ def test_an_edit_while_parked_does_not_reach_the_parked_turn(
     approvals.decide(session.id, call.call_id, "approve", user=make_reviewer("rev"), request_seq=call.seq)
     start_worker(name="second")
     wait_for(lambda: data(session, "turn/end"), 60, "the approved turn to end")
-    assert (tmp_path / session.id.hex / "out.txt").read_text() == "x"
+    assert document_text(session.id, "out.txt") == "x"
     # The model call after the approved result ran under the version that asked.
     assert [system_prompt(r) for r in fake_llm.requests] == ["prompt of version one"] * 2
 
