@@ -23,7 +23,7 @@ class SessionsAppConfig(AppConfig):
             monitors,
             schedules,
         )
-        from sessions_app.services.post_turn import post_turn
+        from sessions_app.services.post_turn import post_turn  # local: see above
 
         codever.apply_test_versions()  # a test playing another release (TESTING only)
         hooks.register_after_turn(post_turn)

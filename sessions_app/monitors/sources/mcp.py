@@ -20,7 +20,6 @@ from sessions_app.models import Session
 from sessions_app.monitors.sources.base import Item, Scan
 from sessions_app.monitors.sources.feed import DEFAULT_OVERLAP, INITIALS, MAX_PAGES, gap
 from sessions_app.monitors.sources.http_json import PATH_CHARS, HttpJson, dig
-from sessions_app.tools import mcp
 from sessions_app.tools.base import ToolError
 
 SESSION_KEY = "_session_id"  # set by run.py at scan time, never stored
@@ -87,6 +86,8 @@ class Mcp:
             args = {**config["arguments"], **({config["cursor_arg"]: cursor} if cursor else {})}
             where = f"{config['server']}/{config['tool']} cursor {cursor or '-'}"
             try:
+                from sessions_app.tools import mcp  # local: the MCP SDK loads only when a monitor reads an MCP source
+
                 body = json.loads(str(mcp.call_tool(server, config["tool"], args)))
             except ToolError as exc:
                 return gap(items, pages, visited, f"page {pages + 1} ({where}): {exc}")
