@@ -307,6 +307,12 @@ class Session(models.Model):
     log_bytes = models.BigIntegerField(default=0)
     storage_tier = models.CharField(max_length=8, default="hot")
     cold_seq = models.BigIntegerField(null=True, blank=True)
+    # The session whose subagent task made this one (runtime/owned/subagent.py),
+    # set once at creation: a claim reads it with the row, so a step of a
+    # session with no parent walks no tree for its budgets (runtime/limits.py).
+    parent_session = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -47,6 +47,7 @@ DRIVING_COLUMNS = (
     "revoked_seq",
     "agent_version",
     "event_versions",
+    "parent_session_id",
 )
 _AGENT = Agent._meta.db_table
 _PROFILE = AgentProfile._meta.db_table

@@ -187,6 +187,7 @@ LOCK_COLUMNS = (
     "lease_expires_at",
     "agent_version",
     "storage_tier",
+    "parent_session_id",
     *WORKLOAD_COLUMNS,
 )
 

@@ -192,7 +192,7 @@ def held(session: Session) -> str | None:
     if hold is not None:
         return f"held: {hold.message}"
     budgeted = any(getattr(session, f"budget_{name}") is not None for name in limits.BUDGETS)
-    over = limits.check(session.id, profile, opening=True, budgeted=budgeted)
+    over = limits.check(session.id, profile, opening=True, budgeted=budgeted, parent=session.parent_session_id)
     if over is not None:
         return f"held: budget: {over.message}"
     return None

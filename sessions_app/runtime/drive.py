@@ -176,7 +176,9 @@ def _drive_with_lease(sid: uuid.UUID, lease: leases.Lease) -> tuple[Outcome, Tur
         if lease.driving.revoked:
             return Outcome.IDLE, None  # its input was refused; nothing queued before it starts
         if over is None:
-            over = limits.check(sid, profile, opening=True, budgeted=lease.driving.budgeted)
+            over = limits.check(
+                sid, profile, opening=True, budgeted=lease.driving.budgeted, parent=lease.driving.parent
+            )
         if over is not None:
             hold_input(sid, lease, over)
             return Outcome.IDLE, None

@@ -85,6 +85,8 @@ class Driving:
     # The newest event versions in its log above 1 (Session.event_versions):
     # runtime/codever.py decides whether this code can read them.
     event_versions: Any = None
+    # The session whose subagent this one is (Session.parent_session; None: a root).
+    parent: Any = None
 
 
 def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Driving:
@@ -102,6 +104,7 @@ def driving_from_row(profile: AgentProfile | None, row: dict[str, Any]) -> Drivi
         revoked=row["revoked_seq"] is not None,
         version=row["agent_version"],
         event_versions=row.get("event_versions"),
+        parent=row.get("parent_session_id"),
     )
 
 

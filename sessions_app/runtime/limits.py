@@ -258,16 +258,22 @@ TREE_BUDGETS = ("cost_usd", "tokens")
 MAX_TREE_DEPTH = 16  # a walk up or down the tree stops here, whatever the rows say
 
 
-def ancestors(session_id: uuid.UUID | str) -> list[uuid.UUID]:
-    """The sessions owning this one through subagent tasks, nearest first."""
+# check()'s `parent` when the caller has not read the session's row.
+UNREAD: Any = object()
+
+
+def ancestors(session_id: uuid.UUID | str, parent: Any = UNREAD) -> list[uuid.UUID]:
+    """The sessions owning this one through subagent tasks, nearest first.
+    `parent` is the session's parent_session_id when the caller read its row
+    (None: a root, which costs no query)."""
     out: list[uuid.UUID] = []
-    current: Any = session_id
+    if parent is UNREAD:
+        parent = Session.objects.filter(id=session_id).values_list("parent_session_id", flat=True).first()
     for _ in range(MAX_TREE_DEPTH):
-        parent = Task.objects.filter(child_session_id=current).values_list("session_id", flat=True).first()
         if parent is None or parent in out:
             break
         out.append(parent)
-        current = parent
+        parent = Session.objects.filter(id=parent).values_list("parent_session_id", flat=True).first()
     return out
 
 
@@ -356,12 +362,14 @@ def check(
     opening: bool,
     budgeted: bool = True,
     pending: Spent = NOTHING,
+    parent: Any = UNREAD,
 ) -> Exceeded | None:
     """The first exhausted budget for the next action, session first, then
     the profile's day, then the installation's day; None when all allow it.
     `budgeted=False` (the session has no budget of its own, as the caller
     knows) skips the session row's read; `pending` is spend committed by
-    none of them yet (buffered)."""
+    none of them yet (buffered); `parent` is the session's parent_session_id
+    when the caller read its row (ancestors)."""
     if budgeted:
         spent, limits = session_spent(session_id)
         if _any(limits):
@@ -370,7 +378,7 @@ def check(
             if found:
                 return found
     # A parent's budget exhausted (its children's spend counted) holds its whole tree.
-    for ancestor in ancestors(session_id):
+    for ancestor in ancestors(session_id, parent):
         spent, limits = session_spent(ancestor)
         tree = {name: limits[name] for name in TREE_BUDGETS}
         if _any(tree):

@@ -166,7 +166,9 @@ class TurnRunner:
         """The first budget the next model call would pass (runtime/limits.py)."""
         budgeted = self.lease.driving.budgeted or self.view.budgeted
         pending = limits.buffered(self.outbox.buffer)  # the last step's tail rides the next commit
-        return limits.check(self.sid, self.profile, opening=False, budgeted=budgeted, pending=pending)
+        return limits.check(
+            self.sid, self.profile, opening=False, budgeted=budgeted, pending=pending, parent=self.lease.driving.parent
+        )
 
     # -- the turn
 

@@ -144,7 +144,7 @@ def admission_stop(session_id: uuid.UUID | str, *, wake: bool) -> limits.Stop | 
     if hold is not None:
         return hold
     budgeted = any(getattr(row, f"budget_{name}") is not None for name in limits.BUDGETS)
-    return limits.check(row.id, row.profile, opening=True, budgeted=budgeted)
+    return limits.check(row.id, row.profile, opening=True, budgeted=budgeted, parent=row.parent_session_id)
 
 
 def _queue(tx: log.SessionTx, text: str, wake: bool, by: str, key: str | None) -> log.AppendedEvent:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +145,7 @@ def test_agent_chat_ui_against_terret(
     tmp_path: Any,
 ) -> None:
     from sessions_app.models import Event, Session
+    from tests.helpers import document_text
     from tests.sessions_app.apiutil import make_reviewer, token_for
 
     workspaces = tmp_path / "workspaces"
@@ -207,10 +207,10 @@ def test_agent_chat_ui_against_terret(
 
     expect(humans).to_have_count(8)
     expect(page.get_by_role("heading", name=re.compile("^Tool Result:"))).to_have_count(4)  # a, b, c, d: once each
-    ws = workspaces / uuid.UUID(first).hex
-    assert (ws / "a.txt").read_text() == "alpha"
-    assert (ws / "b.txt").read_text() == "beta, edited"
-    assert not (ws / "c.txt").exists() and not (ws / "d.txt").exists()
+    # The agent's files are the session's documents (kept in its journal, not on a disk).
+    assert document_text(first, "a.txt") == "alpha"
+    assert document_text(first, "b.txt") == "beta, edited"
+    assert document_text(first, "c.txt") is None and document_text(first, "d.txt") is None
     assert Session.objects.filter(owner=alice).count() == 1
     assert assert_each_once(page) > 20
     assert saw_streaming(page)

@@ -101,7 +101,7 @@ def make_child(tx: log.SessionTx, spec: dict[str, Any]) -> Session:
     its first turn opened on the prompt."""
     owner_id = Session.objects.filter(id=tx.session_id).values_list("owner_id", flat=True).get()
     profile = AgentProfile.objects.get(name=spec["profile"])
-    child = Session.objects.create(owner_id=owner_id, profile=profile)
+    child = Session.objects.create(owner_id=owner_id, profile=profile, parent_session_id=tx.session_id)
     with log.locked(child.id) as ctx:
         if "budget_usd" in spec:
             budget = {"cost_usd": spec["budget_usd"], "tokens": None, "steps": None, "turns": None, "by": "parent"}

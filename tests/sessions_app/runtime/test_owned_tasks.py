@@ -466,6 +466,7 @@ def test_a_childs_spend_is_in_the_parents_budget_and_exhausting_it_holds_both(
     (task,) = Task.objects.all()
     child = child_of(task)
     assert float(Session.objects.get(id=child.id).budget_cost_usd) == pytest.approx(0.01)  # reserved from the parent's
+    assert Session.objects.get(id=child.id).parent_session_id == session.id  # what the claim reads for the tree
     fake_llm.script(Reply(text="spent it", usage=(1000, 500, 0.02)))
     supervise.run_task(str(task.id))
     drive(child.id)

@@ -13,6 +13,7 @@ import pytest
 from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
+from sessions_app.runtime import documents
 from tests.fakes.fake_llm import Reply
 from tests.helpers import events, wait_for
 
@@ -63,8 +64,7 @@ def test_poison_turns_end_with_bounded_model_requests(
     services.inject(unknown_tool.id, "UNKNOWN hello", wake=True)
 
     big = services.create_session(owner, good)
-    (tmp_path / big.id.hex).mkdir(parents=True)
-    (tmp_path / big.id.hex / "big.txt").write_text("x" * 200_000)
+    documents.write(big.id, "big.txt", b"x" * 200_000)  # the session's files live in its journal
     services.inject(big.id, "BIGREAD please", wake=True)
 
     parked = services.create_session(owner, good)
