@@ -125,6 +125,8 @@ if ((have_pg)); then
     redis_env=REDIS_URL= redis_name="no Redis"
     if ((have_redis)); then redis_env=REDIS_URL=$RD_URL redis_name="Redis ($RD_URL)"; fi
     PYTEST_ARGS=(-m "not chaos" "$@")
+    # CI prints the slowest tests, where the time budget (45 minutes) goes.
+    ((IN_CI)) && PYTEST_ARGS+=(--durations=25)
     run_pass "pass 1: PostgreSQL ($PG_URL), $redis_name" DATABASE_URL="$PG_URL" "$redis_env"
 else
     results+=("pass 1: PostgreSQL: NOT RUN (no PostgreSQL)")
