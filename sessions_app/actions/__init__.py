@@ -46,7 +46,9 @@ Verbs, by noun (`verb(user, session_id, ...)`):
 - notifications.py: notification_settings, set_notification_settings (the
   signed-in person's own; no session)
 - files.py: workspace_files (the chat page's files panel: the one selector
-  that lists a session's files, with version and last writer)
+  that lists a session's files, with version and last writer), workspace_file
+  (one version of a file for its page), upload_limit (the panel's uploads
+  write through write_document)
 - versions.py: upgrade (owner or staff, through the pre-flight),
   profile_versions, upgrade_profile (operators: a profile's sessions in bulk),
   session_version and newest_version (for a socket or /lg/ that let the reader in)

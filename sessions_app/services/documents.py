@@ -1,9 +1,10 @@
 """A session's documents for people: listed, read, written by the owner.
 
 The store is runtime/documents.py (what a document is, its versions and
-bounds); this module is what the doors' verbs call. A person's write is an
-ordinary durable write, logged as document/written like the agent's, and
-unfenced: a person holds no lease.
+bounds); this module is what the doors' verbs call (the API's PUT and the
+chat page's upload alike). A person's write is an ordinary durable write,
+logged as document/written like the agent's, and unfenced: a person holds
+no lease.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions_app.errors import InvalidInput, TerretError
-from sessions_app.models import Document, DocumentVersion
+from sessions_app.errors import InvalidInput, SessionRevoked, TerretError
+from sessions_app.models import Document, DocumentVersion, Session
 from sessions_app.runtime import documents
 from sessions_app.runtime.materialize import files_under
 from sessions_app.validation import int_in_column
@@ -83,7 +84,11 @@ def _decode(content: Any, encoding: Any) -> bytes:
 def write(session_id: uuid.UUID, name: Any, body: dict[str, Any], *, by: str) -> documents.Info:
     """The owner's write (PUT): a new version of `name`, or a new document.
     `incarnation` (and `version`), when given, must still be the document's:
-    DocumentConflict otherwise, and nothing is written."""
+    DocumentConflict otherwise, and nothing is written. A revoked session
+    takes no write from a person (SessionRevoked), as it takes no input: the
+    agent would read the file on its next turn, so a file is input too."""
+    if Session.objects.filter(id=session_id, revoked_seq__isnull=False).exists():
+        raise SessionRevoked(f"session {session_id} is revoked; a staff member must restore it first")
     data = _decode(body.get("content"), body.get("encoding") or "utf-8")
     expect = None
     if body.get("incarnation") is not None:

@@ -9,7 +9,9 @@ are left to the API, which answers in JSON.
 
 The access rule's two refusals (sessions_app.actions.access) become pages
 here too, so no view converts them itself: `UnknownSession` is the styled
-404 (a foreign id and a missing one look alike), `NotAllowed` the 403.
+404 (a foreign id and a missing one look alike), `NotAllowed` the 403; a
+file the files panel names that does not exist (`UnknownDocument`) is the
+404 too.
 
 With DEBUG on, Django answers a path no URL matches (a malformed session id,
 say) with its technical 404, which lists every URL pattern: a person
@@ -26,7 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from sessions_app.errors import NotAllowed, UnknownSession, UnknownTask
+from sessions_app.errors import NotAllowed, UnknownDocument, UnknownSession, UnknownTask
 
 API_PREFIX = "/api/"
 # What only Django's technical 404 page says (django/views/templates/technical_404.html).
@@ -54,7 +56,8 @@ def not_found(request: HttpRequest, exception: BaseException | None = None) -> H
 
 class QuietForbiddenMiddleware:
     """Answers a view's PermissionDenied or NotAllowed with the styled 403,
-    unlogged, and its UnknownSession with the styled 404."""
+    unlogged, and its UnknownSession (UnknownTask, UnknownDocument) with the
+    styled 404."""
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
@@ -76,6 +79,6 @@ class QuietForbiddenMiddleware:
             return None
         if isinstance(exception, (PermissionDenied, NotAllowed)):
             return forbidden(request, exception)
-        if isinstance(exception, UnknownSession | UnknownTask):
+        if isinstance(exception, UnknownSession | UnknownTask | UnknownDocument):
             return not_found(request, exception)
         return None

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.template.defaultfilters import filesizeformat
 from django.template.loader import render_to_string
 from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app.actions import allowed
+from sessions_app.actions.files import writer_label
 from sessions_app.actions.words import shown_state
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
@@ -130,7 +132,7 @@ class EventRow:
 
     @property
     def sentence(self) -> str:
-        """A bookkeeping event (budget/*, schedule/*, an operator's hold) as a short sentence."""
+        """A bookkeeping event (budget/*, schedule/*, an operator's hold, a file written) as a short sentence."""
         return bookkeeping_sentence(self.kind, self.data)
 
     @property
@@ -213,6 +215,9 @@ SENTENCE_KINDS = {
     "session/revoked": "Operator",
     "session/restored": "Operator",
     "session/upgraded": "Agent version",
+    # A file written (by the agent, a person's upload, a task) or removed: the files panel's rows.
+    "document/written": "Files",
+    "document/retired": "Files",
 }
 
 
@@ -267,6 +272,12 @@ def bookkeeping_sentence(kind: str, data: dict[str, Any]) -> str:
         return f"Restored{_by(data)}{_why(data)}."
     if kind == "session/upgraded":
         return f"Moved to agent version {data.get('to')}{_by(data)}."
+    if kind == "document/written":
+        who, size = writer_label(str(data.get("by") or "")), filesizeformat(data.get("size") or 0)
+        return f"{data.get('name')} written by {who}: version {data.get('version')}, {size}."
+    if kind == "document/retired":
+        ended = " (its task ended)" if data.get("reason") == "task_ended" else ""
+        return f"{data.get('name')} removed{_by(data)}{ended}."
     return ""
 
 

@@ -32,7 +32,6 @@ from django.views.decorators.vary import vary_on_headers
 from approvals_app.selectors import pending as pending_calls
 from sessions_app import actions
 from sessions_app.actions import session_for
-from sessions_app.actions.files import workspace_files
 from sessions_app.errors import NotAllowed, NotBlocked, TerretError, UnknownSession
 from sessions_app.live.paths import socket_url
 from sessions_app.models import Agent, Session
@@ -124,7 +123,6 @@ def _chat_context(
         # The session's live tasks (owned work: runtime/owned/), as of the page's load.
         "live_tasks": [actions.task_json(t) for t in actions.list_tasks(request.user, session.id) if t.live],
         "parent": actions.session_parent(session),
-        "files": workspace_files(request.user, session.id),
         **composer_context(),
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import URLPattern, path
 
 from sessions_app.web import account, console
+from sessions_app.web import files as file_views
 from sessions_app.web import forks as fork_views
 from sessions_app.web import schedules as schedule_views
 from sessions_app.web import sessions as views
@@ -33,6 +34,7 @@ urlpatterns: list[URLPattern] = [
     path("sessions/<uuid:session_id>/context/", views.session_context, name="context"),
     path("sessions/<uuid:session_id>/model/", views.session_model, name="model"),
     *fork_views.urlpatterns,  # edit-and-resend, regenerate and the fork panel (web/forks.py)
+    *file_views.urlpatterns,  # the files panel: a file's page, its download, an upload (web/files.py)
     path("settings/", account.settings_page, name="settings"),
     path("settings/tokens/", account.token_create, name="token_create"),
     path("settings/notifications/", account.notifications_save, name="notifications_save"),

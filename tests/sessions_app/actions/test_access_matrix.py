@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from sessions_app.models import ApiToken, Event, Monitor, Schedule, Session
+from sessions_app.runtime import documents
 from sessions_app.services import tokens
 from tests.sessions_app.apiutil import bearer, call, make_reviewer, new_session, park_calls, token_for
 from tests.sessions_app.sockutil import closed_with, db, fresh_channel_layer, open_socket, recv
@@ -44,6 +46,7 @@ ACTIONS: dict[str, str] = {
     "events": "view",
     "documents": "view",
     "document": "view",
+    "download document": "view",
     "send": "drive",
     "write document": "drive",
     "cancel": "drive",
@@ -80,6 +83,7 @@ def world(make_user: Any, settings: Any) -> dict[str, Any]:
     owner = make_user("owner")
     session = new_session(owner)
     park_calls(session.id, "c1")  # an open turn with a call waiting: every action has something to act on
+    documents.write(session.id, "notes/a.txt", b"hi", by="agent")  # a file to read (the files panel's pages)
     revoked = token_for(owner)
     tokens.revoke(ApiToken.objects.filter(prefix=revoked[:12]))
     users = {
@@ -160,7 +164,8 @@ API = {
 def page(method: str, path: str, form: dict[str, Any] | None = None) -> Callable[[Client, Any, int], Any]:
     def run(client: Client, sid: Any, seq: int) -> Any:
         url = path.format(sid=sid)
-        data = {k: (seq if v == "SEQ" else v) for k, v in (form or {}).items()}
+        # "SEQ" is the session's head; a callable makes a fresh value per call (an upload's file).
+        data = {k: (seq if v == "SEQ" else v() if callable(v) else v) for k, v in (form or {}).items()}
         return client.get(url) if method == "GET" else client.post(url, data)
 
     return run
@@ -179,6 +184,12 @@ PAGES = {
     "decide": page("POST", "/approvals/sessions/{sid}/decide/", {"call_id": "c1", "seq": "SEQ", "verdict": "approve"}),
     "resolve": page("POST", "/sessions/{sid}/effects/resolve/", {"call_id": "c1", "action": "failed"}),
     "abandon": page("POST", "/ops/sessions/{sid}/abandon/", {"reason": "test"}),
+    # The chat page's files panel (web/files.py).
+    "document": page("GET", "/sessions/{sid}/files/view/notes/a.txt?version=1"),
+    "download document": page("GET", "/sessions/{sid}/files/download/notes/a.txt?version=1"),
+    "write document": page(
+        "POST", "/sessions/{sid}/files/upload/", {"file": lambda: SimpleUploadedFile("a.txt", b"hi"), "name": "notes/"}
+    ),
 }
 
 LG = {

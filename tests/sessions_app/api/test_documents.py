@@ -15,7 +15,7 @@ from django.test import Client
 
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime.drive import drive
-from sessions_app.services import run_turn
+from sessions_app.services import operators, run_turn
 from tests.fakes.fake_llm import Reply
 from tests.helpers import edit_profile
 from tests.sessions_app.apiutil import bearer, make_reviewer, session_url, token_for
@@ -92,6 +92,18 @@ def test_refusals_write_nothing(client: Client, session: Session, auth: dict[str
     assert as_reviewer.status_code == 403
     assert client.get(session_url(session, "/documents/a.txt"), **bearer(token_for(reviewer))).status_code == 200
     assert head(session) == before
+
+
+def test_a_revoked_session_takes_no_write(client: Client, session: Session, auth: dict[str, Any]) -> None:
+    """A file is input the agent reads on its next turn: a revoked session
+    takes none, through the API as through the chat page's upload."""
+    operators.revoke(session.id, by="staff", reason="test")
+    before = head(session)
+    refused = put(client, session, "a.txt", {"content": "x"}, auth)
+    assert refused.status_code == 409 and refused.json()["code"] == "session_revoked"
+    assert head(session) == before
+    operators.restore(session.id, by="staff")
+    assert put(client, session, "a.txt", {"content": "x"}, auth).status_code == 200
 
 
 def test_an_owners_write_is_what_the_agents_next_turn_reads(

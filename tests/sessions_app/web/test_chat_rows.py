@@ -102,7 +102,9 @@ def test_the_files_panel_lists_the_workspace_with_version_and_writer(owner: Any,
     html = client_for(owner).get(reverse("sessions:chat", args=[chat.id])).content.decode()
     table = re.search(r'<table class="files-table".*?</table>', html, re.S)
     assert table, "the panel lists the files"
-    rows = re.findall(r"<tr><td><code>(.*?)</code>.*?<td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", table.group(0))
+    rows = re.findall(
+        r"<tr><td><a [^>]*><code>(.*?)</code></a>.*?<td>(.*?)</td><td>(.*?)</td><td>(.*?)</td></tr>", table.group(0)
+    )
     assert rows == [
         ("notes/todo.txt", "17\xa0bytes", "v2", "the agent"),
         ("stray.bin", "2.0\xa0KB", "v1", "alice"),
