@@ -315,7 +315,8 @@ TERRET_INTAKE_MAX_ITEMS = env_int("TERRET_INTAKE_MAX_ITEMS", 64, minimum=1)
 TERRET_INTAKE_MAX_BYTES = env_int("TERRET_INTAKE_MAX_BYTES", 1_048_576, minimum=1)
 # Fault injection for crash tests, never for production: pause a worker at a point of a
 # tool call so a test can kill it there (sessions_app/runtime/failpoints.py).
-# The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py).
+# The notification sender's points are per channel (`notify_sent:email=30`; sessions_app/notify/delivery.py);
+# an owned task's per kind (`task_held:command=30`; sessions_app/runtime/owned/supervise.py).
 TERRET_FAILPOINTS = env_pauses(
     "TERRET_FAILPOINTS",
     frozenset(
@@ -327,6 +328,10 @@ TERRET_FAILPOINTS = env_pauses(
             "monitor_scan",
             "monitor_intent",
             "monitor_sent",
+            "task_start",
+            "task_claimed",
+            "task_held",
+            "task_child_idle",
         }
     ),
 )

@@ -8,7 +8,13 @@ claimed, nothing sent) and `notify_sent` (sent, not marked), keyed by the
 channel (email, webhook) where a tool's name goes; for a monitor's period
 (sessions_app/monitors/run.py), `monitor_scan` (pages read, nothing
 committed), `monitor_intent` (the edition posting, nothing sent) and
-`monitor_sent` (sent, the receipt not committed), keyed `monitor`. They are set per tool
+`monitor_sent` (sent, the receipt not committed), keyed `monitor`; for an
+owned task (sessions_app/runtime/owned/supervise.py), keyed by its kind
+(command, subagent): `task_start` (its start taken, the task still pending),
+`task_claimed` (claimed and running, its kind's run not begun: no process
+spawned, no child woken), `task_held` (its outcome held in `completing`, the
+receipt not committed) and `task_child_idle` (a child's turn ended, its
+subagent task not yet settled). They are set per tool
 with TERRET_FAILPOINTS=`<point>:<tool>=<seconds>,...`, read once at start;
 unset (always, outside tests) a point costs one dict lookup.
 """

@@ -57,7 +57,7 @@ def stack(fake: FakeLLM) -> Iterator[Stack]:
         if os.environ.get("TERRET_NO_SKIP") == "1":
             pytest.fail(f"TERRET_NO_SKIP=1 but the private stack cannot run: {reason}")
         pytest.skip(f"private stack: {reason}")
-    profiles = {harness.PROFILE: harness.PROFILE_FIELDS}
+    profiles = {harness.PROFILE: harness.PROFILE_FIELDS, harness.TASK_PROFILE: harness.TASK_PROFILE_FIELDS}
     with Stack(llm_base_url=fake.base_url, workers=2, profiles=profiles, TERRET_FAILPOINTS=harness.FAILPOINTS) as s:
         harness.summary("stack", up_s=s.timings["start"])
         yield s

@@ -40,6 +40,16 @@ PROFILE_FIELDS: dict[str, Any] = {
     # debug.charge asks a human (the "parked" kill); the write runs when called.
     "approvals": {"workspace.write": "never", "debug.charge": "always"},
 }
+# The owned-work drill's profile (test_tasks.py): background and foreground commands and
+# subagents (its own profile as the child's), no reviewer.
+TASK_PROFILE = "chaos-tasks"
+TASK_PROFILE_FIELDS: dict[str, Any] = {
+    "roles": {"main": "test/model"},
+    "builtin_tools": ["task.start", "task.wait", "task.status", "task.cancel", "debug.noop"],
+    "allow_floor": ["*"],
+    "command_allow": ["sh"],
+    "approvals": {"task.start": "never", "task.cancel": "never"},
+}
 SUMMARY: list[str] = []
 
 
@@ -131,8 +141,8 @@ class Chaos:
 
     # -- the API, as a client uses it
 
-    def new_session(self) -> str:
-        r = self._retrying("POST", "/api/sessions", json={"profile": PROFILE})
+    def new_session(self, profile: str = PROFILE) -> str:
+        r = self._retrying("POST", "/api/sessions", json={"profile": profile})
         assert r.status_code == 201, r.text
         sid = str(r.json()["id"])
         self.receipts[sid] = []

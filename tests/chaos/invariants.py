@@ -356,6 +356,7 @@ class RoundReport:
     steps: int = 0
     events: int = 0
     effects: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, int] = field(default_factory=dict)  # tasks_audit's counts: by phase, and "tasks"
 
 
 def check_round(db_url: str, probe: Probe, receipts: dict[str, list[dict[str, Any]]]) -> RoundReport:
@@ -376,6 +377,8 @@ def check_round(db_url: str, probe: Probe, receipts: dict[str, list[dict[str, An
         report.events += len(events)
         for state, n in audit["counts"].items():
             report.effects[state] = report.effects.get(state, 0) + n
+        for phase, n in audit.get("tasks", {}).items():
+            report.tasks[phase] = report.tasks.get(phase, 0) + n
     assert not failures, "invariants broken:\n" + "\n".join(failures)
     return report
 
@@ -401,7 +404,12 @@ def _serve() -> None:
         audit, tasks = effects_audit(request["sid"]), tasks_audit(request["sid"])
         # tasks_audit beside effects_audit: every owned task in exactly one state (runtime/owned/audit.py).
         problems = list(audit.problems) + [f"tasks_audit: {p}" for p in tasks.problems]
-        return {"ok": audit.ok and tasks.ok, "counts": dict(audit.counts), "problems": problems}
+        return {
+            "ok": audit.ok and tasks.ok,
+            "counts": dict(audit.counts),
+            "tasks": dict(tasks.counts),
+            "problems": problems,
+        }
 
     for line in sys.stdin:
         request = json.loads(line)

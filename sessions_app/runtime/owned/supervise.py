@@ -35,7 +35,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Task, WorkerProcess
-from sessions_app.runtime import counters, hooks
+from sessions_app.runtime import counters, failpoints, hooks
 from sessions_app.runtime.owned import command, kinds, store, subagent
 from sessions_app.runtime.owned.supervision import Settlement, Supervision
 from sessions_app.tools import tasks as task_tools
@@ -53,6 +53,7 @@ def start(task_id: str) -> None:
 def run_task(task_id: str) -> str:
     """Claim and run the task; what became of it (for logs and tests)."""
     try:
+        failpoints.pause("task_start", _kind_of(task_id))
         claim = store.claim(task_id)
         if claim is None:
             return "not claimed"
@@ -64,8 +65,16 @@ def run_task(task_id: str) -> str:
         connection.close()
 
 
+def _kind_of(task_id: str) -> str:
+    """The task's kind, for a failpoint's key (a read only when failpoints are set)."""
+    if not settings.TERRET_FAILPOINTS:
+        return ""
+    return str(Task.objects.filter(id=task_id).values_list("kind", flat=True).first() or "")
+
+
 def _run(claim: store.Claim) -> str:
     task = claim.task
+    failpoints.pause("task_claimed", task.kind)
     if task.abort_requested_at is not None:
         store.settle(task.id, claim.generation, "cancelled", reason={"code": "cancelled", "by": task.abort_reason})
         return "cancelled"
@@ -86,6 +95,7 @@ def _run(claim: store.Claim) -> str:
         return "waiting"
     if not store.hold(task.id, claim.generation, ended.phase, ended.outcome, ended.reason):
         return "lost"
+    failpoints.pause("task_held", task.kind)
     store.settle(task.id, claim.generation, ended.phase, outcome=ended.outcome, reason=ended.reason)
     return ended.phase
 
@@ -121,6 +131,8 @@ def _children() -> int:
 
 def _after_turn(session_id: Any, facts: Any) -> None:
     """A child's turn ended: its parent's task may be settled now."""
+    if settings.TERRET_FAILPOINTS and Task.objects.filter(child_session_id=session_id).exists():
+        failpoints.pause("task_child_idle", subagent.NAME)
     subagent.settle_child(session_id)
 
 

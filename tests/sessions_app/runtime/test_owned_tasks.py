@@ -621,3 +621,91 @@ def test_the_ops_page_shows_a_live_task_with_cancel(fake_llm: Any, session: Sess
     page = client_for(staff).get("/ops/").content.decode()
     assert "Live tasks" in page and f"command task <code>{str(task.id)[:8]}</code>, pending, background" in page
     assert f"/tasks/{task.id}/cancel/" in page
+
+
+# --- a dead embedded worker (issue 30, point 9; the worker-process kill matrix is test_owned_tasks_kill.py) ---
+
+
+def dead_owner() -> str:
+    """The lease owner of an in-process worker that died: this host, a pid no process has any more."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return f"{os.uname().nodename}:{gone.pid}:1:dead00"
+
+
+def test_a_command_left_running_by_a_dead_embedded_worker_is_reaped_and_its_parked_turn_told_once(
+    fake_llm: Any, session: Session
+) -> None:
+    """The worker died between the spawn and its record (no pgid, only the
+    checkpoint saying it was spawning): the reaper finds the group by its
+    marker, kills it, and settles the task failed once; the parked turn is
+    woken with that result; a second round of the reaper changes nothing."""
+    fake_llm.script(start(["sh", "-c", "sleep 30"], background=False), Reply(text="it was lost"))
+    services.run_turn(session.id, "run it")
+    assert drive(session.id) == "parked"
+    (task,) = Task.objects.all()
+    claim = store.claim(task.id)
+    assert claim is not None
+    assert store.set_process(task.id, claim.generation, None, checkpoint={"spawning": True})
+    env = {"PATH": os.environ["PATH"], command.MARKER: str(task.id)}
+    proc = subprocess.Popen(["sh", "-c", "sleep 30"], cwd=command.scratch_root(), env=env, start_new_session=True)
+    try:
+        expired = timezone.now() - timedelta(seconds=1)
+        Task.objects.filter(id=task.id).update(
+            supervisor=dead_owner(), supervisor_process=None, lease_expires_at=expired
+        )
+        assert command.marked_groups(task.id) == {proc.pid}
+        assert "nobody owns it" in " ".join(tasks_audit(session.id).problems)
+
+        assert supervise.reap() >= 1
+        proc.wait(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    task.refresh_from_db()
+    assert task.phase == "failed" and task.reason["code"] == "supervisor_lost"
+    assert task.generation == claim.generation + 1 and task.pgid is None
+    assert not command.marked_groups(task.id) and not command.group_alive(proc.pid)
+    (receipt,) = events(session, "task/failed")
+    assert receipt["waited"] is True and Session.objects.get(id=session.id).waiting_tasks == 0
+    assert supervise.reap() == 0 and len(events(session, "task/failed")) == 1  # nothing more to move
+    assert drive(session.id) == "ended"
+    (result,) = results(session)
+    assert json.loads(result["content"])["phase"] == "failed" and result["is_error"] is True
+    assert events(session, "turn/end") == [{"status": "completed"}]
+    assert len(fake_llm.requests) == 2
+    audits_hold(session)
+
+
+def test_a_subagent_whose_embedded_worker_died_starting_the_child_runs_once_on_the_next(
+    fake_llm: Any, session: Session, helper: AgentProfile
+) -> None:
+    """Claimed by a worker that died before it woke the child: the reaper
+    takes it over and, the kind being rerunnable, starts it again; the child
+    runs its one turn and the parent's parked turn gets the answer."""
+    fake_llm.script(subagent("what is 2+2?"), Reply(text="4"), Reply(text="the child says 4"))
+    services.run_turn(session.id, "ask a helper")
+    assert drive(session.id) == "parked"
+    (task,) = Task.objects.all()
+    claim = store.claim(task.id)
+    assert claim is not None and Task.objects.get(id=task.id).phase == "running"
+    expired = timezone.now() - timedelta(seconds=1)
+    Task.objects.filter(id=task.id).update(supervisor=dead_owner(), supervisor_process=None, lease_expires_at=expired)
+
+    assert supervise.reap() >= 1
+    task.refresh_from_db()
+    assert task.phase == "pending" and task.receipt_seq is None  # to run again (the dispatch's start is manual here)
+    assert supervise.run_task(str(task.id)) == "waiting"
+    child = child_of(task)
+    assert drive(child.id) == "ended"
+    supervise.reap()  # the after-turn hook's settle (the manual worker runs no hooks)
+    task.refresh_from_db()
+    assert task.phase == "done" and task.outcome == {"answer": "4"}
+    assert len(events(session, "task/completed")) == 1
+    assert drive(session.id) == "ended"
+    assert events(child, "turn/end") == [{"status": "completed"}]
+    assert Session.objects.filter(parent_session=session).count() == 1
+    assert len(fake_llm.requests) == 3  # parent, child, parent: one per step
+    audits_hold(session)
+    audits_hold(child)
