@@ -1008,7 +1008,7 @@ class DocumentVersion(models.Model):
 
 # -- monitors: recurring collection with coverage and a delivery ledger (seed 003) --------
 
-MONITOR_STATUSES = ("active", "cancelled")
+MONITOR_STATUSES = ("active", "cancelled", "completed")
 SCAN_COVERAGE = ("complete", "partial", "failed")
 EDITION_STATUSES = ("prepared", "posting", "confirmed", "suppressed", "held", "unknown", "failed")
 CANDIDATE_STATUSES = ("pending", "assigned", "delivered", "baseline")
@@ -1017,7 +1017,8 @@ CANDIDATE_STATUSES = ("pending", "assigned", "delivered", "baseline")
 class Monitor(models.Model):
     """A session's recurring collection job (sessions_app/monitors/). The host
     owns its schedule, its scans, its editions and their delivery; the row
-    holds the next due time and the lease of the worker running a period."""
+    holds its timing (the fields a Schedule's timing reads: runtime/schedules.py
+    `Timed`), the next due time and the lease of the worker running a period."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="monitors")
@@ -1030,6 +1031,10 @@ class Monitor(models.Model):
     every_seconds = models.PositiveIntegerField(null=True, blank=True)
     cron = models.CharField(max_length=120, blank=True)
     misfire = models.CharField(max_length=16, default="run_once")
+    # A schedule's bounds (the profile's schedule_max_runs / schedule_expires_days when the request gave
+    # none): the monitor completes after max_runs periods, or at expires_at. Timed by runtime/schedules.py.
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
     due_at = ClampedDateTimeField(null=True, blank=True)
     periods = models.PositiveIntegerField(default=0)  # the last period whose edition was decided
     # The webhook signature's secret (write-once, never shown after creation).

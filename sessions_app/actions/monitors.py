@@ -48,6 +48,9 @@ def cancel_monitor(user: Any, monitor_id: Any) -> Monitor:
     return monitors.cancel(m.session_id, m.id, by=by(user))
 
 
-def resolve_edition(user: Any, monitor_id: Any, edition_id: Any, action: str, receipt: str = "") -> Edition:
+def resolve_edition(
+    user: Any, monitor_id: Any, edition_id: Any, action: str, receipt: str = "", reason: str = ""
+) -> Edition:
+    """The effect resolution of the edition's send (actions/effects.py resolve), reached by the edition."""
     m = _monitor(user, monitor_id, "resolve")
-    return monitors.resolve_edition(m, edition_id, action, receipt=receipt, by=by(user))
+    return monitors.resolve_edition(m, edition_id, action, receipt=receipt, reason=reason, by=by(user))

@@ -154,8 +154,11 @@ class MonitorIn(In):
 
 
 class EditionResolveIn(In):
-    action: Literal["done", "failed"]
+    """The effect resolution of an edition's send, reached by the edition (ResolveIn's alias)."""
+
+    action: Literal["rerun", "done", "failed"]
     receipt: Annotated[str, Field(max_length=300)] | None = None
+    reason: Reason | None = None
 
 
 class DecisionIn(In):

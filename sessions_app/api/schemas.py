@@ -402,9 +402,12 @@ class CoverageOut(Schema):
 class MonitorOut(Schema):
     id: str
     session_id: str
-    status: Literal["active", "cancelled"]
+    status: Literal["active", "cancelled", "completed"]
     status_reason: str
-    schedule: dict[str, Any]
+    schedule: dict[str, Any] = Field(
+        description="every_seconds or cron, misfire (skip, run_once, reschedule: as a schedule's), max_runs and "
+        "expires_at (the profile's bounds when the request gave none; null: none)"
+    )
     sources: list[dict[str, Any]]
     destination: dict[str, Any]
     quiet: Literal["suppress", "send"]
@@ -576,8 +579,13 @@ class EffectOut(Schema):
     attempt_seq: int = Field(description="the seq of its tool/attempt event")
     turn_seq: int = Field(description="the seq of its turn's turn/start")
     turn_open: bool
-    result: str | None = Field(description="the content of its tool/result, if it has one")
+    result: str | None = Field(description="the content of its tool/result (a monitor send's tool/receipt), if any")
     resolution: dict[str, Any] | None = Field(description="its tool/resolved payload, once resolved")
+    edition_id: str | None = Field(
+        None,
+        description="a host effect's: the monitor edition this attempt sends (tool monitor.publish, call "
+        "edition-<id>); null for a tool call",
+    )
 
 
 class EffectsOut(Schema):

@@ -362,9 +362,13 @@ def cancel_monitor(request: HttpRequest, monitor_id: str) -> Any:
     tags=["monitors"],
 )
 def resolve_edition(request: HttpRequest, monitor_id: str, edition_id: str, payload: EditionResolveIn) -> Any:
-    """An operator's answer to an edition of unknown outcome (an email, which has no idempotency key):
-    `done` with the receipt the destination shows, or `failed` (its items go back to pending)."""
-    e = actions.resolve_edition(_user(request), monitor_id, edition_id, payload.action, payload.receipt or "")
+    """The effect resolution of an edition's send of unknown outcome, reached by the edition (an alias
+    of POST /api/sessions/{id}/effects/edition-{edition_id}/resolve, same rule): `done` with the receipt
+    the destination shows, `failed` (its items go back to pending), or `rerun` (sent again under the same
+    Idempotency-Key)."""
+    e = actions.resolve_edition(
+        _user(request), monitor_id, edition_id, payload.action, payload.receipt or "", payload.reason or ""
+    )
     return edition_out(e)
 
 

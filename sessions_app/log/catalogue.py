@@ -692,6 +692,9 @@ CATALOGUE: dict[str, Kind] = {
                     # Present when a reviewer edited the call's arguments: the JSON that ran.
                     "arguments": _STR,
                     "edited": {"type": "boolean"},
+                    # A host effect no model call made: a monitor's send of this edition (sessions_app/monitors/).
+                    "edition_id": _NONEMPTY,
+                    "monitor_id": _NONEMPTY,
                 },
                 ["call_id", "name", "attempt", "idempotency_key", "replay", "fence"],
             ),
@@ -700,20 +703,47 @@ CATALOGUE: dict[str, Kind] = {
             "that stays the same for every attempt of it, the replay policy it was admitted under, and the lease "
             "generation and worker that run it. Reentry with no outcome after it means the effect may have "
             "happened. A re-run names the attempt it `replaces` and `why`: the tool is safe to replay, its "
-            "target said the effect is not done, or an operator asked for a rerun.",
+            "target said the effect is not done, or an operator asked for a rerun. With `edition_id` and "
+            "`monitor_id` it is a monitor's send of an edition (name `monitor.publish`, call id "
+            "`edition-<edition id>`, the edition id its idempotency key, `fence` 0), committed with the edition's "
+            "`posting`; its outcome is a tool/receipt, not a tool/result.",
+        ),
+        Kind(
+            "tool/receipt",
+            _obj(
+                {
+                    "call_id": _NONEMPTY,
+                    "name": _NONEMPTY,
+                    "attempt": _ATTEMPT,
+                    "content": _STR,
+                    "is_error": {"type": "boolean"},
+                    "receipt": _NONEMPTY,
+                    "edition_id": _NONEMPTY,
+                },
+                ["call_id", "name", "attempt", "content", "edition_id"],
+            ),
+            False,
+            "The outcome of a host effect's attempt (a monitor's send of an edition), in the effect ledger "
+            "where a tool call's tool/result would be: `receipt` the identity the destination confirmed (the "
+            "webhook's id, the accepted Message-ID), or `is_error` true and `content` why it certainly was not "
+            "taken. Committed with the edition's confirmation (and its delivered entries) or failure. Not "
+            "model-visible: no model call made it, so it must not reach the model's context as a tool message.",
         ),
         Kind(
             "tool/unknown",
             _obj(
-                {"call_id": _NONEMPTY, "name": _NONEMPTY, "attempt": _ATTEMPT, "reason": _STR},
+                {"call_id": _NONEMPTY, "name": _NONEMPTY, "attempt": _ATTEMPT, "reason": _STR, "edition_id": _NONEMPTY},
                 ["call_id", "name", "attempt"],
             ),
             False,
             "An attempt whose outcome nobody knows (its worker died before the result, and the tool may not be "
             "re-run blindly); the turn waits for an operator (status waiting_reconcile). It stays on /ops/ and "
-            "in /metrics until resolved, after its turn ends too (Session.unresolved_effects).",
+            "in /metrics until resolved, after its turn ends too (Session.unresolved_effects). With `edition_id`: "
+            "a monitor's send of unknown outcome (the destination took the request and no answer came back, or "
+            "its worker died mid-send); it holds that monitor's later sends, not the session's turns "
+            "(unresolved_effects only).",
             lambda d: [
-                ("unknown_effects = unknown_effects + 1", []),
+                *([] if "edition_id" in d else [("unknown_effects = unknown_effects + 1", [])]),
                 ("unresolved_effects = unresolved_effects + 1", []),
             ],
         ),
@@ -727,14 +757,22 @@ CATALOGUE: dict[str, Kind] = {
                     "result": _STR,
                     "reason": _STR,
                     "by": _NONEMPTY,
+                    "edition_id": _NONEMPTY,
                 },
                 ["call_id", "attempt", "action", "by"],
             ),
             False,
             "An operator's answer to an unknown attempt: run it again (a new attempt, same key), or record it "
-            "done (with the result the model sees) or failed.",
+            "done (with the result the model sees) or failed. With `edition_id`, the answer about a monitor's "
+            "send: rerun sends the edition again under the same Idempotency-Key, done (`result` the "
+            "destination's receipt) confirms it, failed gives its items back to the next edition; `by` "
+            '"terret" when the host itself re-sends to a destination that honours the key.',
             lambda d: [
-                ("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", []),
+                *(
+                    []
+                    if "edition_id" in d
+                    else [("unknown_effects = CASE WHEN unknown_effects > 0 THEN unknown_effects - 1 ELSE 0 END", [])]
+                ),
                 ("unresolved_effects = CASE WHEN unresolved_effects > 0 THEN unresolved_effects - 1 ELSE 0 END", []),
             ],
         ),

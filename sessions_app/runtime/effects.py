@@ -24,6 +24,13 @@ after it: the intent committed, the effect, the outcome buffered, in one
 function. `left_unknown` is the same ledger's rule for a turn that closes
 around an attempt in flight (closing.py).
 
+A host effect no model call made, a monitor's send of an edition
+(sessions_app/monitors/run.py), is kept in the same ledger: its intent is a
+`tool/attempt` naming the edition (`edition_id`), its outcome a
+`tool/receipt` (not model-visible, where a tool call's would be a
+`tool/result`), and an unknown one a `tool/unknown` that an operator answers
+through the same resolution. `next_move` decides its moves too.
+
 `effects_audit` checks the whole ledger of a session; the kill and chaos
 tests run it after every round, and in production `audit_recent` runs it
 from every worker's sweep on a bounded batch of recently active sessions,
@@ -51,7 +58,15 @@ from sessions_app.tools.base import REPLAYS, Definition, Reconciliation, Replay
 State = Literal["in_flight", "done", "failed", "unknown", "resolved", "superseded"]
 # Why an attempt replaces one that had no outcome (tool/attempt `replaces`).
 REASONS = {"safe": "safe", "not_done": "reconcile", "rerun": "never"}
-LEDGER_KINDS = ("assistant/message", "tool/attempt", "tool/result", "tool/unknown", "tool/resolved", "turn/start")
+OUTCOME_KINDS = ("tool/result", "tool/receipt")
+LEDGER_KINDS = (
+    "assistant/message",
+    "tool/attempt",
+    *OUTCOME_KINDS,
+    "tool/unknown",
+    "tool/resolved",
+    "turn/start",
+)
 
 
 def idempotency_key(session_id: uuid.UUID, message_seq: int, call_id: str) -> str:
@@ -142,7 +157,7 @@ def _apply(out: dict[str, CallLedger], e: LoggedEvent, at: datetime | None = Non
                 prior.superseded_by = a
         ledger.attempts.append(a)
         return a
-    if e.kind not in ("tool/result", "tool/unknown", "tool/resolved"):
+    if e.kind not in (*OUTCOME_KINDS, "tool/unknown", "tool/resolved"):
         return None
     found = out.get(e.data["call_id"])
     number = e.data.get("attempt")
@@ -151,7 +166,7 @@ def _apply(out: dict[str, CallLedger], e: LoggedEvent, at: datetime | None = Non
     target = next((a for a in reversed(found.attempts) if a.number == number), None)
     if target is None:
         return None
-    if e.kind == "tool/result" and target.result is None:
+    if e.kind in OUTCOME_KINDS and target.result is None:
         target.result, target.result_seq = e.data, e.seq
     elif e.kind == "tool/unknown" and target.unknown_seq is None:
         target.unknown_seq = e.seq
@@ -307,6 +322,8 @@ class Effect:
     turn_open: bool
     result: str | None
     resolution: dict[str, Any] | None
+    # A host effect's: the monitor edition whose send this attempt is (None: a tool call).
+    edition_id: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -326,6 +343,7 @@ class Effect:
             "turn_open": self.turn_open,
             "result": self.result,
             "resolution": self.resolution,
+            "edition_id": self.edition_id,
         }
 
 
@@ -368,13 +386,12 @@ def _scan(session_id: uuid.UUID | str) -> _Scan:
                 made_by[call["id"]] = seq
                 ledger.pop(call["id"], None)  # a reused id starts a new call
             continue
-        if kind == "tool/result" and "attempt" in data:
+        if kind in OUTCOME_KINDS and "attempt" in data:
             prior = ledger.get(data["call_id"])
             match = next((a for a in prior.attempts if a.number == data["attempt"]), None) if prior else None
             if match is None:
                 scan.orphans.append(
-                    f"seq {seq}: tool/result for {data['call_id']} names attempt "
-                    f"{data['attempt']}, which was never recorded"
+                    f"seq {seq}: {kind} for {data['call_id']} names attempt {data['attempt']}, which was never recorded"
                 )
                 continue
             if match.result is not None:
@@ -394,7 +411,20 @@ def effects(session_id: uuid.UUID | str) -> list[Effect]:
     return [_effect(a, turn_seq, turn_seq in scan.turns_open, args) for a, turn_seq, _, args in scan.attempts]
 
 
-_CALL_KINDS = ("tool/attempt", "tool/result", "tool/unknown", "tool/resolved")
+_CALL_KINDS = ("tool/attempt", *OUTCOME_KINDS, "tool/unknown", "tool/resolved")
+
+
+def call_ledger(session_id: uuid.UUID | str, call_id: str) -> CallLedger | None:
+    """One call's ledger from its own events alone (a bounded read): for a
+    host effect, whose call id no assistant message reuses."""
+    rows = (
+        Event.objects.filter(session_id=session_id, kind__in=_CALL_KINDS, data__call_id=call_id)
+        .order_by("seq")
+        .values_list("seq", "kind", "data", "version")
+    )
+    return ledgers([LoggedEvent(seq, kind, lift(kind, version, data)) for seq, kind, data, version in rows]).get(
+        call_id
+    )
 
 
 def call_effects(session_id: uuid.UUID | str, call_id: str) -> list[Effect]:
@@ -444,6 +474,7 @@ def _effect(a: Attempt, turn_seq: int, turn_open: bool, args: str) -> Effect:
         turn_open=turn_open,
         result=None if a.result is None else str(a.result.get("content", "")),
         resolution=a.resolution,
+        edition_id=a.data.get("edition_id"),
     )
 
 
@@ -464,8 +495,11 @@ def effects_audit(session_id: uuid.UUID | str) -> Audit:
     (done, failed), an intent marked unknown and resolved, an intent marked
     unknown and pending, an intent without outcome that a later attempt
     replaced for a recorded reason (superseded), or (only while its turn is
-    open) in flight. No outcome names an attempt that was never recorded, no
-    attempt has two outcomes, and a call runs again only as its policy
+    open) in flight. A host effect's attempt (a monitor's send) belongs to
+    no turn: in flight it is being sent, or its worker died and the
+    monitor's clock settles it (a re-send that supersedes it, or unknown).
+    No outcome names an attempt that was never recorded, no attempt has two
+    outcomes, and a call runs again only as its policy
     allows: a `safe` tool by itself, a `reconcile` tool when its target said
     not done, any other only after an operator's rerun."""
     scan = _scan(session_id)
@@ -475,7 +509,7 @@ def effects_audit(session_id: uuid.UUID | str) -> Audit:
     for a, turn_seq, message_seq, _ in scan.attempts:
         counts[a.state] += 1
         by_call.setdefault((message_seq, a.call_id), []).append(a)
-        if a.state == "in_flight" and turn_seq not in scan.turns_open:
+        if a.state == "in_flight" and turn_seq not in scan.turns_open and "edition_id" not in a.data:
             problems.append(f"attempt {a.number} of {a.call_id} (seq {a.seq}) has no outcome, and its turn is closed")
     for (_, call_id), attempts in by_call.items():
         for before, after in itertools.pairwise(attempts):

@@ -124,7 +124,12 @@ def _phase(session_id: uuid.UUID, turn_seq: int) -> tuple[str, list[effects.Atte
         .order_by("seq")
         .values_list("seq", "kind", "data", "created_at", "version")
     )
-    events = [(LoggedEvent(seq, kind, lift(kind, version, data)), at) for seq, kind, data, at, version in rows]
+    # A monitor's send (its ledger entries name an edition) is no step's: it may land mid-turn.
+    events = [
+        (LoggedEvent(seq, kind, lift(kind, version, data)), at)
+        for seq, kind, data, at, version in rows
+        if "edition_id" not in data
+    ]
     running = effects.in_flight(events)
     if running:
         return "tool", running

@@ -34,6 +34,12 @@ Misfires: a due time more than TERRET_SCHEDULE_GRACE_SECONDS in the past (the
 workers were down) follows the schedule's policy: `skip` drops the missed
 due times, `run_once` fires once for all of them and keeps the recurrence's
 phase, `reschedule` fires once and restarts the recurrence from now.
+
+The timing itself (what a due time that came means under the misfire
+policy, the next due time after a run or a skip, the bounds: expiry and
+max_runs) is the functions under "timing", which read only a row's timing
+fields (`Timed`): a monitor's periods (sessions_app/monitors/run.py) are
+timed by the same functions, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from cronsim import CronSim
 from django.conf import settings
@@ -71,7 +78,86 @@ MAX_COUNT = 10_000
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def next_after(s: Schedule, after: datetime) -> datetime | None:
+class Timed(Protocol):
+    """What the timing functions read of a row: a Schedule's, a Monitor's."""
+
+    due_at: datetime | None
+    every_seconds: int | None
+    cron: str
+    misfire: str
+    max_runs: int | None
+    expires_at: datetime | None
+
+
+# -- timing: one decision for schedules and monitors --------------------------
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a due time that has come means: `run` it (late by `late` seconds,
+    folding `missed` later due times into this one), or skip it for `reason`
+    (misfire policy `skip` after downtime)."""
+
+    run: bool
+    late: float
+    missed: int
+    reason: str = ""
+
+
+def due_now(s: Timed, now: datetime) -> Due:
+    """The misfire policy applied to a due time at or before `now`: a due time
+    more than TERRET_SCHEDULE_GRACE_SECONDS late is a misfire; `skip` drops it
+    (and the ones missed with it), `run_once` and `reschedule` run once."""
+    assert s.due_at is not None
+    late = (now - s.due_at).total_seconds()
+    misfire = late > settings.TERRET_SCHEDULE_GRACE_SECONDS
+    missed = missed_between(s, s.due_at, now) if misfire else 0
+    if misfire and s.misfire == "skip":
+        return Due(False, late, missed, f"misfire: {missed + 1} due time(s) passed while no worker ran")
+    return Due(True, late, missed)
+
+
+def next_due_after_run(s: Timed, now: datetime) -> datetime | None:
+    """The next due time after a run at `now`: `reschedule` after a misfire
+    restarts an interval from now; otherwise the recurrence keeps its phase."""
+    if (
+        s.misfire == "reschedule"
+        and s.every_seconds
+        and s.due_at is not None
+        and s.due_at < now - timedelta(seconds=settings.TERRET_SCHEDULE_GRACE_SECONDS)
+    ):
+        return now + timedelta(seconds=s.every_seconds)
+    return next_after(s, max(now, s.due_at) if s.due_at else now)
+
+
+def next_due_after_skip(s: Timed, now: datetime) -> datetime | None:
+    assert s.due_at is not None
+    return next_after(s, max(now, s.due_at))
+
+
+def bound_reached(s: Timed, runs: int, now: datetime) -> str | None:
+    """A bound reached between two runs: the expiry, or a max_runs at or below
+    the runs made (an operator, or an upgrade's migration, lowered it)."""
+    if s.expires_at is not None and now >= s.expires_at:
+        return f"expired at {s.expires_at.isoformat()}"
+    if s.max_runs is not None and runs >= s.max_runs:
+        return f"ran {runs} time(s) of {s.max_runs}"
+    return None
+
+
+def ends_after_run(s: Timed, runs: int, nxt: datetime | None) -> str | None:
+    """Why the recurrence ends after its run number `runs`, whose next due
+    time would be `nxt` (None: it goes on)."""
+    if s.max_runs is not None and runs >= s.max_runs:
+        return f"ran {runs} time(s) of {s.max_runs}"
+    if nxt is None:
+        return "a one-shot schedule that ran"
+    if s.expires_at is not None and nxt >= s.expires_at:
+        return f"expires at {s.expires_at.isoformat()}, before its next due time"
+    return None
+
+
+def next_after(s: Timed, after: datetime) -> datetime | None:
     """The schedule's first due time strictly after `after`, keeping the
     recurrence's phase (an interval counts from the current due time); None
     for a one-shot schedule."""
@@ -86,7 +172,7 @@ def next_after(s: Schedule, after: datetime) -> datetime | None:
     return None
 
 
-def missed_between(s: Schedule, since: datetime, until: datetime) -> int:
+def missed_between(s: Timed, since: datetime, until: datetime) -> int:
     """How many due times fall in (since, until]: those a misfire folds into one."""
     if s.every_seconds:
         return int((until - since).total_seconds() // s.every_seconds)
@@ -242,7 +328,7 @@ def _handle(s: Schedule, now: datetime) -> None:
         return
     assert session is not None
     _count_last_run(s)
-    ended = _ended(s, now)
+    ended = bound_reached(s, s.runs, now)
     if ended is not None:
         _finish(s, "completed", ended, now)
         return
@@ -254,18 +340,15 @@ def _handle(s: Schedule, now: datetime) -> None:
     if s.budget_tokens is not None and s.spent_tokens >= s.budget_tokens:
         _finish(s, "failed", f"its budget of {s.budget_tokens} tokens is spent ({s.spent_tokens})", now)
         return
-    late = (now - s.due_at).total_seconds() if s.due_at else 0.0
-    misfire = late > settings.TERRET_SCHEDULE_GRACE_SECONDS
-    assert s.due_at is not None
-    missed = missed_between(s, s.due_at, now) if misfire else 0
-    if misfire and s.misfire == "skip":
-        _skip(s, now, f"misfire: {missed + 1} due time(s) passed while no worker ran", late)
+    due = due_now(s, now)
+    if not due.run:
+        _skip(s, now, due.reason, due.late)
         return
     reason = _refusal(s, session)
     if reason is not None:
-        _skip(s, now, reason, late)
+        _skip(s, now, reason, due.late)
         return
-    _fire(s, session, now, late, missed)
+    _fire(s, session, now, due.late, due.missed)
 
 
 def _stopped(s: Schedule, session: Session | None) -> str | None:
@@ -279,17 +362,6 @@ def _stopped(s: Schedule, session: Session | None) -> str | None:
         # Authority lapses with its owner's account (seed 003): checked at
         # every due time, so a deactivation stops the schedule at its next.
         return OWNER_INACTIVE
-    return None
-
-
-def _ended(s: Schedule, now: datetime) -> str | None:
-    """A bound the schedule reached between two firings: its expiry, or a
-    max_runs that an operator (or the upgrade's migration) lowered to or
-    below the runs it has made."""
-    if s.expires_at is not None and now >= s.expires_at:
-        return f"expired at {s.expires_at.isoformat()}"
-    if s.max_runs is not None and s.runs >= s.max_runs:
-        return f"ran {s.runs} time(s) of {s.max_runs}"
     return None
 
 
@@ -367,38 +439,20 @@ def _fire(s: Schedule, session: Session, now: datetime, late: float, missed: int
     s.last_run_counted = False
     outcome = "late" if late > settings.TERRET_SCHEDULE_GRACE_SECONDS else "ran"
     s.last_outcome = _outcome(outcome, now, s.due_at, late, missed=missed)
-    if s.max_runs is not None and run >= s.max_runs:
-        _finish(s, "completed", f"ran {run} time(s) of {s.max_runs}", now, keep_outcome=True)
-        return
-    nxt = _next_due(s, now)
-    if nxt is None:
-        _finish(s, "completed", "a one-shot schedule that ran", now, keep_outcome=True)
-        return
-    if s.expires_at is not None and nxt >= s.expires_at:
-        _finish(
-            s, "completed", f"expires at {s.expires_at.isoformat()}, before its next due time", now, keep_outcome=True
-        )
+    nxt = None if s.max_runs is not None and run >= s.max_runs else next_due_after_run(s, now)
+    ends = ends_after_run(s, run, nxt)
+    if ends is not None:
+        _finish(s, "completed", ends, now, keep_outcome=True)
         return
     s.due_at = nxt
     _save(s, now)
-
-
-def _next_due(s: Schedule, now: datetime) -> datetime | None:
-    if (
-        s.misfire == "reschedule"
-        and s.every_seconds
-        and s.due_at is not None
-        and s.due_at < now - timedelta(seconds=settings.TERRET_SCHEDULE_GRACE_SECONDS)
-    ):
-        return now + timedelta(seconds=s.every_seconds)
-    return next_after(s, max(now, s.due_at) if s.due_at else now)
 
 
 def _skip(s: Schedule, now: datetime, reason: str, late: float) -> None:
     assert s.due_at is not None
     s.skipped += 1
     s.last_outcome = _outcome("skipped", now, s.due_at, late, reason=reason)
-    nxt = next_after(s, max(now, s.due_at))
+    nxt = next_due_after_skip(s, now)
     if nxt is None:
         _finish(s, "skipped", reason, now, keep_outcome=True)
         return

@@ -7,6 +7,14 @@ carries the turn on: a new attempt under the same key, or the result the
 operator gave (runtime/effects.py next_move decides, runtime/calls.py
 carries it out).
 
+A monitor's send of unknown outcome (a host effect: its attempt names an
+edition, sessions_app/monitors/run.py) is answered here too, by the same
+rule and the same event; its turn does not matter (it has none), and the
+answer is carried onto the edition in the same transaction: done (the
+result is the destination's receipt) confirms it with its delivered
+entries, failed hands its items to the next edition, rerun makes it
+`prepared` for the monitor's clock to send again under the same key.
+
 `effects` (the ledger's read, from runtime/effects.py) is re-exported for
 the interfaces, which do not import the runtime.
 """
@@ -19,6 +27,7 @@ from typing import Any
 from sessions_app import log
 from sessions_app.errors import EffectNotPending, InvalidInput, UnknownEffect
 from sessions_app.log.catalogue import RESOLUTIONS
+from sessions_app.monitors import run as monitor_run
 from sessions_app.runtime import dispatch
 from sessions_app.runtime.effects import Effect, call_effects, effects
 from sessions_app.validation import clean_text
@@ -58,14 +67,20 @@ def resolve(
         if not pending:
             raise EffectNotPending(f"call {call_id!r} has no attempt of unknown outcome (it is {attempts[-1].state})")
         target = pending[-1]
-        if action == "rerun" and not (target.turn_open and tx.row["open_turn_seq"] == target.turn_seq):
+        if target.edition_id is not None:
+            monitor_run.check_resolution(target.edition_id, action, result)
+        elif action == "rerun" and not (target.turn_open and tx.row["open_turn_seq"] == target.turn_seq):
             raise EffectNotPending("its turn has ended, so nothing would run it again: mark it done or failed")
         data: dict[str, Any] = {"call_id": call_id, "attempt": target.attempt, "action": action, "by": by}
         if result:
             data["result"] = result
         if reason:
             data["reason"] = reason
+        if target.edition_id is not None:
+            data["edition_id"] = target.edition_id
         tx.append("tool/resolved", data)
-        if target.turn_open and tx.row["unknown_effects"] <= 1:
+        if target.edition_id is not None:
+            monitor_run.resolved(tx, target.edition_id, action, by, reason)
+        elif target.turn_open and tx.row["unknown_effects"] <= 1:
             dispatch.wake(tx.session_id)  # on commit; the worker settles the call
     return target

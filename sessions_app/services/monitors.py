@@ -1,5 +1,6 @@
 """Monitors on behalf of people and of the agent: create, read, cancel, and
-an operator's resolution of an edition of unknown outcome.
+an operator's answer about an edition of unknown outcome (an alias of the
+effect resolution, services/effects.py, which the edition's send is in).
 
 `create` validates the whole request first (the schedule against the
 profile's bounds, exactly as a schedule's; every source and the destination
@@ -19,7 +20,6 @@ from django.utils import timezone
 
 from sessions_app import log
 from sessions_app.errors import (
-    EffectNotPending,
     IdempotencyConflict,
     InvalidInput,
     ScheduleLimit,
@@ -28,8 +28,8 @@ from sessions_app.errors import (
 )
 from sessions_app.models import DeliveryLedger, Edition, Monitor, MonitorCandidate, Session, SourceScan
 from sessions_app.monitors import destinations, sources
-from sessions_app.monitors.destinations import Confirmed, Failed
-from sessions_app.monitors.run import record
+from sessions_app.monitors.run import SETTLING, call_id
+from sessions_app.services import effects
 from sessions_app.services.schedules import _first_due, check_spec
 from sessions_app.tools import monitors as monitor_tools
 from sessions_app.validation import clean_text
@@ -40,6 +40,8 @@ QUIET = ("suppress", "send")
 DIGESTS = ("host", "model")
 MAX_LIVE = 20  # a session's active monitors
 MAX_EDITIONS_READ = 200
+# A schedule's timing and bounds (services/schedules.py check_spec: the profile's bounds when absent).
+SCHEDULE_KEYS = ("every_seconds", "cron", "misfire", "max_runs", "expires_at")
 
 
 def check_body(session: Session, body: Any) -> dict[str, Any]:
@@ -50,6 +52,9 @@ def check_body(session: Session, body: Any) -> dict[str, Any]:
         raise InvalidInput('schedule must be an object: {"every_seconds" | "cron", "misfire"}')
     if schedule.get("due_at") is not None:
         raise InvalidInput("a monitor recurs: give every_seconds or cron, not due_at")
+    extra = set(schedule) - set(SCHEDULE_KEYS)
+    if extra:
+        raise InvalidInput(f"schedule takes {', '.join(SCHEDULE_KEYS)}; not {', '.join(sorted(extra))}")
     spec = check_spec(session.profile, {**schedule, "text": "monitor"})
     raw = body.get("sources")
     if not isinstance(raw, list) or not raw or len(raw) > MAX_SOURCES:
@@ -126,6 +131,8 @@ def create(
             every_seconds=spec.every_seconds,
             cron=spec.cron,
             misfire=spec.misfire,
+            max_runs=spec.max_runs,
+            expires_at=spec.expires_at,
             due_at=_first_due(spec, now),
             secret=secrets.token_urlsafe(32),
             idempotency_key=key,
@@ -196,7 +203,13 @@ def as_json(m: Monitor, *, detail: bool = True) -> dict[str, Any]:
         "session_id": str(m.session_id),
         "status": m.status,
         "status_reason": m.status_reason,
-        "schedule": {"every_seconds": m.every_seconds, "cron": m.cron or None, "misfire": m.misfire},
+        "schedule": {
+            "every_seconds": m.every_seconds,
+            "cron": m.cron or None,
+            "misfire": m.misfire,
+            "max_runs": m.max_runs,
+            "expires_at": m.expires_at.isoformat() if m.expires_at else None,
+        },
         "sources": m.sources,
         "destination": m.destination,
         "quiet": m.quiet,
@@ -238,38 +251,27 @@ def edition_json(e: Edition) -> dict[str, Any]:
     }
 
 
-RESOLUTIONS = ("done", "failed")
+RESOLUTIONS = ("rerun", "done", "failed")
 
 
-def resolve_edition(m: Monitor, edition_id: Any, action: str, *, receipt: str = "", by: str) -> Edition:
-    """An operator's answer to an edition of unknown outcome: `done` with the
-    receipt the destination shows (its items are then delivered), or
-    `failed` (its items go back to pending for the next edition)."""
+def resolve_edition(
+    m: Monitor, edition_id: Any, action: str, *, receipt: str = "", reason: str = "", by: str
+) -> Edition:
+    """An answer about an edition of unknown outcome: the effect resolution of
+    its send (services/effects.py resolve, call `edition-<id>`), reached by the
+    edition. done with the receipt the destination shows (its items are then
+    delivered), failed (its items go back to pending for the next edition),
+    or rerun (sent again under the same Idempotency-Key)."""
     if action not in RESOLUTIONS:
         raise InvalidInput(f"action must be one of {', '.join(RESOLUTIONS)}")
-    if action == "done" and (not isinstance(receipt, str) or not receipt.strip() or len(receipt) > 300):
-        raise InvalidInput("done needs the destination's receipt (1..300 characters): confirmation needs an identity")
     try:
         eid = uuid.UUID(str(edition_id))
     except ValueError:
         raise UnknownMonitor(f"no edition {edition_id!r}") from None
-    with transaction.atomic():
-        Monitor.objects.select_for_update().filter(id=m.id).first()
-        e = Edition.objects.select_for_update().filter(id=eid, monitor=m).first()
-        if e is None:
-            raise UnknownMonitor(f"monitor {m.id} has no edition {edition_id}")
-        if e.status != "unknown":
-            raise EffectNotPending(f"edition {e.id} is {e.status}, not unknown")
-        record(
-            e,
-            Confirmed(clean_text("receipt", receipt.strip()))
-            if action == "done"
-            else Failed(f"resolved failed by {by}"),
-        )
-        if action == "done":
-            Edition.objects.filter(id=e.id).update(reason=f"resolved done by {by}")
-            e.reason = f"resolved done by {by}"
-    return e
+    if not Edition.objects.filter(id=eid, monitor=m).exists():
+        raise UnknownMonitor(f"monitor {m.id} has no edition {edition_id}")
+    effects.resolve(m.session_id, call_id(eid), action, result=receipt, reason=reason, by=by)
+    return Edition.objects.get(id=eid)
 
 
 def attention() -> dict[str, list[dict[str, Any]]]:
@@ -282,7 +284,7 @@ def attention() -> dict[str, list[dict[str, Any]]]:
                 bad_scans.append({"monitor_id": str(m.id), "session_id": str(m.session_id), **c})
 
     def editions_in(status: str) -> list[dict[str, Any]]:
-        rows = Edition.objects.filter(status=status, monitor__status="active").select_related("monitor")
+        rows = Edition.objects.filter(status=status, monitor__status__in=SETTLING).select_related("monitor")
         return [
             {**edition_json(e), "session_id": str(e.monitor.session_id)}
             for e in rows.order_by("-updated_at")[:100]

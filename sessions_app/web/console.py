@@ -60,8 +60,9 @@ SECTIONS = [
     (
         "monitors",
         "Monitors",
-        "A source partition whose last scan was failed or partial, an edition of unknown outcome (an email "
-        "waits for an operator: POST /api/monitors/{id}/editions/{edition}/resolve), a held edition.",
+        "A source partition whose last scan was failed or partial, an edition of unknown outcome (its send is "
+        "among the effects of unknown outcome above: an email waits for an operator's answer, POST "
+        "/api/sessions/{id}/effects/edition-{edition}/resolve), a held edition.",
     ),
     (
         "stranded",

@@ -52,6 +52,8 @@ META_KINDS = frozenset(
         "agent/waiting",
         # An intent is bookkeeping; an unknown outcome and its resolution are not.
         "tool/attempt",
+        # A monitor send's receipt: the monitors panel shows the edition it confirmed.
+        "tool/receipt",
         # The input a schedule delivered shows as its own row, labelled Scheduled.
         "schedule/fired",
     }

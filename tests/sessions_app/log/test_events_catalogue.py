@@ -129,11 +129,33 @@ VALID: dict[str, list[dict[str, Any]]] = {
             "why": "not_done",
         },
     ],
-    "tool/unknown": [{"call_id": "c", "name": "debug.charge", "attempt": 1, "reason": "the worker stopped"}],
+    "tool/unknown": [
+        {"call_id": "c", "name": "debug.charge", "attempt": 1, "reason": "the worker stopped"},
+        {"call_id": "edition-e", "name": "monitor.publish", "attempt": 1, "reason": "dropped", "edition_id": "e"},
+    ],
+    "tool/receipt": [
+        {
+            "call_id": "edition-e",
+            "name": "monitor.publish",
+            "attempt": 1,
+            "content": "r1",
+            "receipt": "r1",
+            "edition_id": "e",
+        },
+        {
+            "call_id": "edition-e",
+            "name": "monitor.publish",
+            "attempt": 2,
+            "content": "HTTP 503",
+            "is_error": True,
+            "edition_id": "e",
+        },
+    ],
     "tool/resolved": [
         {"call_id": "c", "attempt": 1, "action": a, "by": "staff:ops"} for a in ("rerun", "done", "failed")
     ]
-    + [{"call_id": "c", "attempt": 1, "action": "done", "result": "charged", "reason": "checked", "by": "ops"}],
+    + [{"call_id": "c", "attempt": 1, "action": "done", "result": "charged", "reason": "checked", "by": "ops"}]
+    + [{"call_id": "edition-e", "attempt": 1, "action": "rerun", "by": "terret", "edition_id": "e"}],
     "session/compacted": [
         {"upto_seq": 0, "summary": ""},
         {"upto_seq": 120, "summary": "so far"},
@@ -400,6 +422,18 @@ INVALID: dict[str, list[Any]] = {
         {"call_id": "c", "name": "t", "attempt": 2, "idempotency_key": "k", "replay": "safe", "fence": 0, "why": "x"},
     ],
     "tool/unknown": [{"call_id": "c", "name": "t"}, {"call_id": "c", "name": "t", "attempt": 1, "extra": 1}],
+    "tool/receipt": [
+        {"call_id": "edition-e", "name": "monitor.publish", "attempt": 1, "content": "r"},
+        {"call_id": "edition-e", "name": "monitor.publish", "attempt": 1, "content": "r", "edition_id": "e", "x": 1},
+        {
+            "call_id": "edition-e",
+            "name": "monitor.publish",
+            "attempt": 1,
+            "receipt": "",
+            "content": "",
+            "edition_id": "e",
+        },
+    ],
     "tool/resolved": [
         {"call_id": "c", "attempt": 1, "action": "undo", "by": "ops"},
         {"call_id": "c", "attempt": 1, "action": "done"},

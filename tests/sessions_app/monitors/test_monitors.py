@@ -17,6 +17,7 @@ from django.utils import timezone
 from sessions_app.errors import InvalidInput, UnsafeUrl
 from sessions_app.models import DeliveryLedger, Edition, Event, Monitor, MonitorCandidate, MonitorCheckpoint, SourceScan
 from sessions_app.monitors import run
+from sessions_app.runtime import effects
 from sessions_app.services import monitors
 from tests.sessions_app.monitors.conftest import EditionReceiver, FeedServer
 
@@ -233,6 +234,15 @@ def test_accept_then_drop_is_unknown_and_the_resend_is_one_delivery(
     later = period(m)
     assert later.status == "confirmed" and len(later.items) == 1
     assert Counter(edition_receiver.items()) == Counter(dict.fromkeys(feed_server.versions(), 1))
+    # The effect ledger holds it: the first attempt unknown, the host's own rerun (the destination honours
+    # the key), the second attempt's receipt; the later edition's one attempt and receipt.
+    first = [(x.attempt, x.state, x.idempotency_key) for x in effects.effects(session.id) if x.edition_id == str(e.id)]
+    assert first == [(1, "resolved", str(e.id)), (2, "done", str(e.id))]
+    [resolved] = Event.objects.filter(session_id=session.id, kind="tool/resolved").values_list("data", flat=True)
+    assert resolved["action"] == "rerun" and resolved["by"] == "terret"
+    assert [x.state for x in effects.effects(session.id) if x.edition_id == str(later.id)] == ["done"]
+    audit = effects.effects_audit(session.id)
+    assert audit.ok, audit.problems
 
 
 def test_200_without_receipt_id_is_not_confirmation(
@@ -310,6 +320,13 @@ def test_fifty_periods_with_faults(session: Any, feed_server: FeedServer, editio
     assert ledger == set(counted)  # a delivered entry for exactly what the receiver has
     statuses = Counter(Edition.objects.filter(monitor=m).values_list("status", flat=True))
     assert statuses["confirmed"] > 10 and statuses["unknown"] == 0
+    # Every send is in the session's effect ledger, and it holds: one receipt per confirmed or failed edition.
+    audit = effects.effects_audit(session.id)
+    assert audit.ok, audit.problems
+    receipts = Event.objects.filter(session_id=session.id, kind="tool/receipt").values_list("data", flat=True)
+    assert sum(1 for r in receipts if not r.get("is_error")) == statuses["confirmed"]
+    assert sum(1 for r in receipts if r.get("is_error")) == statuses["failed"]
+    assert audit.counts["calls"] == statuses["confirmed"] + statuses["failed"]
 
 
 def test_email_destination_receipt_is_the_message_id(session: Any, feed_server: FeedServer, mailbox: Any) -> None:
@@ -493,6 +510,9 @@ def test_email_fail_before_and_after_accepting(
     assert held.status == "held" and "1 item(s) stay pending" in held.reason
     assert not mailbox.messages  # nothing sent while the unknown one waits
     assert not DeliveryLedger.objects.filter(monitor=m).exists()
+    # An unknown effect of the session's ledger that nobody re-sends (SMTP has no idempotency key).
+    [pending] = [x for x in effects.effects(session.id) if x.state == "unknown"]
+    assert pending.edition_id == str(e.id) and pending.replay == "never"
     # The operator looked at the mailbox: it arrived. Its items are delivered; the next period sends the rest.
     monitors.resolve_edition(m, e.id, "done", receipt="<terret-edition@example>", by="ops")
     e.refresh_from_db()
@@ -500,6 +520,50 @@ def test_email_fail_before_and_after_accepting(
     nxt = period(m)
     assert nxt.status == "confirmed" and len(nxt.items) == 1
     assert len(mailbox.messages) == 1
+    assert effects.effects_audit(session.id).ok
+
+
+def test_a_send_cut_off_mid_flight_is_reconciled_by_its_replay_policy(
+    session: Any, feed_server: FeedServer, mailbox: Any, monkeypatch: Any
+) -> None:
+    """The worker stops inside the send (here: the send raises, so the intent stays without an outcome).
+    An email may not be re-sent blindly: the next tick marks the attempt unknown (tool/unknown), sends
+    nothing, and the session's own turns are not held by it. The operator answers `failed` through the
+    effect resolution: its items go to the next edition, sent once."""
+    from sessions_app.models import Session
+    from sessions_app.monitors.destinations.email import Email
+    from sessions_app.services import effects as effect_services
+
+    m = make(session, feed_server, {"kind": "email", "to": ["reader@example.org"]})
+    feed_server.add(2)
+
+    def dies(self: Any, config: Any, p: Any) -> Any:
+        raise RuntimeError("the worker stopped here")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Email, "send", dies)
+        e = period(m)
+    assert e.status == "posting"  # the intent, no outcome
+    [attempt] = effects.effects(session.id)
+    assert attempt.state == "in_flight" and attempt.replay == "never"
+    assert effects.effects_audit(session.id).ok  # a host attempt in flight belongs to no turn
+    Monitor.objects.filter(id=m.id).update(lease_until=None)
+    run.tick()
+    e.refresh_from_db()
+    assert e.status == "unknown" and "may not be re-run blindly" in e.reason
+    assert not mailbox.messages
+    s = Session.objects.get(id=session.id)
+    assert s.unresolved_effects == 1 and s.unknown_effects == 0 and s.status == "idle"
+    effect_services.resolve(session.id, f"edition-{e.id}", "failed", reason="not in the mailbox", by="ops")
+    e.refresh_from_db()
+    assert e.status == "failed" and "resolved failed by ops: not in the mailbox" in e.reason
+    assert MonitorCandidate.objects.filter(monitor=m, status="pending").count() == 2
+    nxt = period(m)
+    assert nxt.status == "confirmed" and len(nxt.items) == 2 and len(mailbox.messages) == 1
+    audit = effects.effects_audit(session.id)
+    assert audit.ok, audit.problems
+    assert audit.counts == {"resolved": 1, "done": 1, "calls": 2}
+    assert Session.objects.get(id=session.id).unresolved_effects == 0
 
 
 def test_mcp_source_pages_by_continuation(

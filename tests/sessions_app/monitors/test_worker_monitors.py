@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from sessions_app.models import DeliveryLedger, Edition, Monitor
+from sessions_app.runtime.effects import effects, effects_audit
 from sessions_app.services import monitors
 from tests.sessions_app.monitors.conftest import EditionReceiver, FeedServer
 
@@ -87,6 +88,13 @@ def test_kill_9_at_each_phase_loses_nothing_and_sends_nothing_twice(
     assert len(edition_receiver.accepted) == 2
     assert DeliveryLedger.objects.filter(monitor=m).count() == 7
     assert not Edition.objects.filter(monitor=m).exclude(status="confirmed").exists()
+    # The effect ledger holds: a send cut off by the kill is superseded by the heir's re-send under the
+    # same key (the webhook honours it), each edition one call with one receipt.
+    audit = effects_audit(session.id)
+    assert audit.ok, audit.problems
+    cut = 1 if point in ("monitor_intent", "monitor_sent") else 0
+    assert audit.counts == {"done": 2, "calls": 2, **({"superseded": 1} if cut else {})}
+    assert {x.idempotency_key for x in effects(session.id)} == {str(x.id) for x in Edition.objects.filter(monitor=m)}
 
 
 def test_two_workers_many_periods_with_faults_each_item_once(
@@ -132,3 +140,5 @@ def test_two_workers_many_periods_with_faults_each_item_once(
     assert set(counted.values()) == {1}, [k for k, v in counted.items() if v > 1]
     assert set(counted) == feed_server.versions()
     assert DeliveryLedger.objects.filter(monitor=m).count() == len(counted)
+    audit = effects_audit(session.id)
+    assert audit.ok, audit.problems
