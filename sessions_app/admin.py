@@ -228,7 +228,9 @@ class AgentProfileForm(ProfileChecks):
             "roles": 'A model per role; the Model field above sets main. Example: {"titler": "openai/gpt-4o-mini", '
             '"compactor": "openai/gpt-4o-mini"}. The roles: main, titler, compactor. Empty: {}.',
             "mcp_servers": "MCP servers whose tools this profile offers (named mcp.<server>.<tool>). Example: "
-            '[{"name": "time", "command": "python", "args": ["-m", "mcp_server_time"], "env": {}}]. Empty: [].',
+            '[{"name": "time", "command": "python", "args": ["-m", "mcp_server_time"], "env": {}}]. Empty: []. '
+            'A stdio server with "workspace": true works in the session\'s documents: {workspace} in its args '
+            "names a scratch directory of them, its changes saved back after each call.",
             "allow_floor": "Allow-list glob patterns in force until a session updates its policy; a tool no "
             'pattern matches is vetoed. Example: ["clock.*", "workspace.*", "mcp.time.*"]. Left empty, it '
             "becomes the ticked tools (and mcp.<server>.* for each MCP server).",

@@ -14,7 +14,7 @@ class SessionsAppConfig(AppConfig):
         # registry is still loading, before any module that touches models
         # can be imported.
         from sessions_app.monitors import run as monitor_run  # local, as the ones above: models load first
-        from sessions_app.runtime import codever, dispatch, documents, hooks, inprocess, versions
+        from sessions_app.runtime import codever, dispatch, documents, hooks, inprocess, materialize, versions
         from sessions_app.runtime.owned import store as owned_store  # local: see above
         from sessions_app.runtime.owned import subagent, supervise  # local: see above
         from sessions_app.services import (  # local: see above
@@ -30,6 +30,7 @@ class SessionsAppConfig(AppConfig):
         hooks.register_compactor(compaction.compact_in_turn)
         schedules.register_agent_tools()
         documents.register_tools()  # workspace.* read and write the session's documents
+        materialize.register_tools()  # MCP servers with "workspace": true work in a copy of them
         monitors.register_agent_tools()
         hooks.register_clock(monitor_run.tick)  # monitors' periods, on every worker's clock thread
         supervise.setup()  # task kinds, the reaper on the clock, the task tools' backend

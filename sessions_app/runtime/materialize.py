@@ -31,6 +31,11 @@ lease commits nothing (LeaseLost propagates). An exception inside the block
 commits nothing unless `commit_on_error` is set; the directory is removed
 either way. Task-scoped documents are materialized only for their own
 `task`.
+
+A long-lived program (an MCP server, tools/mcp.py) keeps its directory
+across many calls: `open_scratch` makes one, `refresh()` brings it to the
+documents' heads before each call (another host may have written since),
+`checkpoint()` commits after it, and `remove()` ends it.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
+
 from sessions_app import log
 from sessions_app.errors import DocumentConflict, TerretError
+from sessions_app.tools import documents as tool_documents
 
 from . import documents
 
@@ -73,6 +81,7 @@ class Scratch:
     by: str
     base: dict[str, documents.Info]
     outcome: Outcome = field(default_factory=Outcome)
+    task: str = ""
 
     def checkpoint(self) -> Outcome:
         """Commit what the directory holds now (see the module docstring);
@@ -85,6 +94,24 @@ class Scratch:
         for name in sorted(set(self.base) - set(found) - settled):
             self._retire(name)
         return self.outcome
+
+    def refresh(self) -> None:
+        """Make the directory's files exactly the documents' heads: a file whose
+        content differs from its head is written again, any other (a file no
+        document names, a symlink, a special file) is removed. What an
+        earlier commit left uncommitted (a conflict, a refused file) is gone
+        then, and the outcome starts afresh."""
+        heads = {i.name: i for i in _visible(self.session_id, self.task)}
+        _prune(self.path, keep=set(heads))
+        for name, info in heads.items():
+            target = self.path / name
+            if target.is_file() and _digest(target) == info.sha256:
+                continue
+            _put(self.session_id, self.path, info)
+        self.base, self.outcome = heads, Outcome()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
     def _commit_file(self, name: str, path: Path) -> None:
         data = path.read_bytes()
@@ -142,14 +169,69 @@ def files_under(root: Path) -> dict[str, Path]:
 def write_out(session_id: uuid.UUID, dest: Path, *, task: str = "") -> dict[str, documents.Info]:
     """Write the session's live documents into `dest`; what was written, by name."""
     base: dict[str, documents.Info] = {}
-    for info in documents.listing(session_id):
-        if info.scope == "task" and info.task != task:
-            continue
-        target = dest / info.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(documents.read(session_id, info.name, version=info.version).data)
+    for info in _visible(session_id, task):
+        _put(session_id, dest, info)
         base[info.name] = info
     return base
+
+
+def _visible(session_id: uuid.UUID, task: str) -> list[documents.Info]:
+    """The live documents a directory holds: task-scoped ones only for their own task."""
+    return [i for i in documents.listing(session_id) if i.scope != "task" or i.task == task]
+
+
+def _put(session_id: uuid.UUID, dest: Path, info: documents.Info) -> None:
+    target = dest / info.name
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)  # a directory left where a document now is
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(documents.read(session_id, info.name, version=info.version).data)
+
+
+def _digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _prune(root: Path, keep: set[str]) -> None:
+    """Remove every file under root but the regular files named in `keep`;
+    symlinks are removed, never followed. Directories stay: a program may
+    make one in one call and write into it in the next (a directory is no
+    document, so another host's copy does not have it)."""
+    for current, dirs, files in os.walk(root):
+        base = Path(current)
+        for name in [*files, *dirs]:
+            path = base / name
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                path.unlink(missing_ok=True)
+            elif path.is_file() and path.relative_to(root).as_posix() not in keep:
+                path.unlink()
+
+
+def scratch_root() -> Path:
+    """Where this host makes a scratch directory (a `command` task's, an MCP
+    server's): under its TERRET_WORKSPACE_ROOT. The one place that says so."""
+    root = Path(settings.TERRET_WORKSPACE_ROOT)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def open_scratch(
+    session_id: uuid.UUID,
+    *,
+    fence: log.Fence | None = None,
+    by: str = "program",
+    root: Path | None = None,
+    task: str = "",
+) -> Scratch:
+    """A new scratch directory holding the session's documents (under
+    `root`, or the system's temporary directory); the caller removes it."""
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{session_id.hex[:12]}-", dir=root))
+    try:
+        return Scratch(session_id, path, fence, by, write_out(session_id, path, task=task), task=task)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 @contextmanager
@@ -164,9 +246,8 @@ def materialized(
 ) -> Iterator[Scratch]:
     """A scratch directory holding the session's documents (under `root`,
     or the system's temporary directory), committed back on leaving."""
-    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{session_id.hex[:12]}-", dir=root))
+    scratch = open_scratch(session_id, fence=fence, by=by, root=root, task=task)
     try:
-        scratch = Scratch(session_id, path, fence, by, write_out(session_id, path, task=task))
         try:
             yield scratch
         except BaseException:
@@ -175,4 +256,37 @@ def materialized(
             raise
         scratch.checkpoint()
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        scratch.remove()
+
+
+class ToolDirectory:
+    """A scratch directory as tools/documents.Directory: what an MCP server
+    with `"workspace": true` works in (tools/mcp.py), under this host's
+    scratch root; each commit fenced on the calling tool's lease."""
+
+    def __init__(self, session_id: uuid.UUID, by: str) -> None:
+        self.scratch = open_scratch(session_id, by=by, root=scratch_root())
+
+    @property
+    def path(self) -> Path:
+        return self.scratch.path
+
+    def refresh(self) -> None:
+        self.scratch.refresh()
+
+    def commit(self, fence: int) -> list[str]:
+        self.scratch.fence = documents.fence_of(fence)
+        outcome = self.scratch.checkpoint()  # LeaseLost propagates: a lost lease commits nothing
+        problems = [f"{name} was not saved: {reason}" for name, reason in outcome.refused]
+        problems += [
+            f"{name} was not saved: its document was written meanwhile by someone else, and is kept as it was"
+            for name in outcome.conflicts
+        ]
+        return problems
+
+    def remove(self) -> None:
+        self.scratch.remove()
+
+
+def register_tools() -> None:
+    tool_documents.register_directories(ToolDirectory)

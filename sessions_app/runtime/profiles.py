@@ -19,7 +19,7 @@ from sessions_app.tools.base import Approval
 from sessions_app.tools.registry import builtin_name_problems, is_builtin
 
 APPROVAL_MODES: tuple[str, ...] = get_args(Approval)  # never, policy, always (approvals_app/gate.py)
-MCP_KEYS = ("name", "command", "args", "env", "url", "headers", "timeout")
+MCP_KEYS = ("name", "command", "args", "env", "url", "headers", "timeout", "workspace")
 
 
 def check_profile(

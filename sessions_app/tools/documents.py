@@ -10,9 +10,29 @@ file written in one turn on one host is read in the next on another.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from .base import ToolError
+
+
+class Directory(Protocol):
+    """A scratch directory of one session's documents that a long-lived
+    program (an MCP server with `"workspace": true`) works in, call after call
+    (runtime/materialize.py)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def refresh(self) -> None:
+        """Bring the directory to the documents' heads (before a call)."""
+
+    def commit(self, fence: int) -> list[str]:
+        """Commit what changed, fenced on the lease generation `fence` (after
+        a call); what could not be kept, one sentence each (none: [])."""
+
+    def remove(self) -> None: ...
 
 
 class Documents(Protocol):
@@ -25,7 +45,11 @@ class Documents(Protocol):
     def digest(self, session_id: uuid.UUID, name: str) -> str | None: ...
 
 
+# A new Directory of a session's documents, written by `by` (e.g. "mcp:files").
+DirectoryFactory = Callable[[uuid.UUID, str], Directory]
+
 _backend: Documents | None = None
+_directories: DirectoryFactory | None = None
 
 
 def register(backend: Documents) -> None:
@@ -37,3 +61,15 @@ def store() -> Documents:
     if _backend is None:
         raise ToolError("documents are not available in this process")
     return _backend
+
+
+def register_directories(factory: DirectoryFactory) -> None:
+    global _directories
+    _directories = factory
+
+
+def directory(session_id: uuid.UUID, by: str) -> Directory:
+    """A new scratch directory holding the session's documents."""
+    if _directories is None:
+        raise ToolError("documents are not available as a directory in this process")
+    return _directories(session_id, by)

@@ -16,6 +16,15 @@ secret lives in the environment only, never in the profile, the log or an
 error message. A tool call's progress notifications go to the call's
 progress sink (the runtime turns them into live hints); its result keeps
 images as attachments beside the text (llm.types.ToolText).
+
+A stdio server with `"workspace": true` works in the session's documents
+(docs/documents.md): each session gets its own scratch directory of them
+(tools/documents.directory, runtime/materialize.py) and its own server
+process, `{workspace}` in its args and env values naming that directory,
+which is also its cwd. Before each call the directory is brought to the
+documents' heads; after it, what changed is committed back as document
+versions by `mcp:<server>`, fenced on the call's lease. Such a server's tools
+are listed from an instance over an empty directory that no call reaches.
 """
 
 from __future__ import annotations
@@ -28,11 +37,16 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TextIO, TypeVar, cast
 
@@ -63,6 +77,7 @@ from pydantic import ValidationError
 
 from sessions_app.llm.types import ToolText
 
+from . import documents
 from .base import Definition, Replay, ToolContext, ToolError
 
 logger = logging.getLogger(__name__)
@@ -100,6 +115,13 @@ _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STRAY_PLACEHOLDER = re.compile(r"\$\{")
 # Headers that carry credentials: their value must come from the environment.
 _SECRET_HEADERS = re.compile(r"(authorization|cookie|token|secret|key|auth|password|session)", re.IGNORECASE)
+# In a workspace server's args and env values: its session's scratch directory.
+WORKSPACE = "{workspace}"
+# Each workspace (a session's server process and directory) this process
+# keeps is closed when idle this long, or when more than MAX_WORKSPACES are
+# open (the least recently used first); the next call makes it again.
+MAX_WORKSPACES = 8
+WORKSPACE_IDLE_SECONDS = 600.0
 # Progress notifications are forwarded at most this often per call (the last
 # one, progress == total, always), so a chatty server cannot flood sockets.
 PROGRESS_INTERVAL = 0.1
@@ -130,6 +152,7 @@ class ServerKey:
     command: str
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    cwd: str = ""
 
     @property
     def label(self) -> str:
@@ -137,8 +160,21 @@ class ServerKey:
         text = " ".join([self.command, *self.args])
         return text if len(text) <= 120 else text[:117] + "..."
 
+    @property
+    def names_workspace(self) -> bool:
+        return any(WORKSPACE in a for a in self.args) or any(WORKSPACE in v for _, v in self.env)
+
+    def at(self, directory: Path) -> ServerKey:
+        """This server run in `directory`: `{workspace}` replaced by it, its cwd."""
+        where = str(directory)
+        args = tuple(a.replace(WORKSPACE, where) for a in self.args)
+        env = tuple((k, v.replace(WORKSPACE, where)) for k, v in self.env)
+        return ServerKey(self.command, args, env, cwd=where)
+
     def parameters(self) -> StdioServerParameters:
-        return StdioServerParameters(command=self.command, args=list(self.args), env=dict(self.env) or None)
+        return StdioServerParameters(
+            command=self.command, args=list(self.args), env=dict(self.env) or None, cwd=self.cwd or None
+        )
 
 
 @dataclass(frozen=True)
@@ -182,19 +218,33 @@ class ServerConfig:
     name: str
     key: Key
     timeout: float
+    workspace: bool = False  # it works in the session's documents (a stdio server only)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> ServerConfig:
         name = raw.get("name")
         timeout = raw.get("timeout", DEFAULT_CALL_TIMEOUT)
+        workspace = raw.get("workspace", False)
         if not isinstance(name, str) or not _SERVER_NAME.match(name):
             raise ValueError(f"MCP server name {name!r} must be 1-64 letters, digits, '_' or '-'")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_CALL_TIMEOUT:
             raise ValueError(f"MCP server {name!r}: timeout must be a number of seconds in (0, {MAX_CALL_TIMEOUT:g}]")
+        if not isinstance(workspace, bool):
+            raise ValueError(f"MCP server {name!r}: workspace must be true or false")
         if "url" in raw and "command" in raw:
             raise ValueError(f"MCP server {name!r}: give either a command (stdio) or a url (Streamable HTTP), not both")
+        if workspace and "url" in raw:
+            raise ValueError(
+                f"MCP server {name!r}: workspace applies to a stdio server only (a process run beside the "
+                "session's documents), not to a url"
+            )
         key = _http_key(name, raw) if "url" in raw else _stdio_key(name, raw)
-        return cls(name=name, key=key, timeout=float(timeout))
+        if not workspace and isinstance(key, ServerKey) and key.names_workspace:
+            raise ValueError(
+                f'MCP server {name!r}: its args or env name {WORKSPACE}, which only a server with "workspace": true '
+                "is given"
+            )
+        return cls(name=name, key=key, timeout=float(timeout), workspace=workspace)
 
 
 def _stdio_key(name: str, raw: Mapping[str, Any]) -> ServerKey:
@@ -396,6 +446,17 @@ def _describe(exc: BaseException | None) -> str:
     return str(exc) or type(exc).__name__
 
 
+@dataclass
+class _Workspace:
+    """One session's directory for one workspace server, and that server run in it."""
+
+    key: ServerKey
+    directory: documents.Directory
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one call at a time in the directory
+    users: int = 0  # calls holding it: never closed under them
+    used: float = field(default_factory=time.monotonic)
+
+
 class MCPManager:
     """Owns the background loop and every server session of this process."""
 
@@ -409,12 +470,16 @@ class MCPManager:
         self._start_locks: dict[Key, asyncio.Lock] = {}
         self._tools: dict[Key, list[Tool]] = {}
         self._start_failures: dict[Key, tuple[float, str]] = {}
+        # Workspace servers (any thread, under their own lock): by session, server name and configured key.
+        self._workspaces_lock = threading.Lock()
+        self._workspaces: OrderedDict[tuple[uuid.UUID, str, ServerKey], _Workspace] = OrderedDict()
+        self._listing_dir: Path | None = None
 
     # -- sync API -------------------------------------------------------
 
     def list_tools(self, config: Config, progress: ProgressSink | None = None) -> list[Definition]:
         cfg = _config(config)
-        tools = self._run(self._list_tools(cfg.key), STARTUP_TIMEOUT * 2)
+        tools = self._run(self._list_tools(self._listing_key(cfg)), STARTUP_TIMEOUT * 2)
         return [_definition(self, cfg, tool, progress) for tool in tools]
 
     def call_tool(
@@ -427,19 +492,117 @@ class MCPManager:
         on_progress: ProgressFn | None = None,
     ) -> ToolText:
         cfg = _config(config)
+        if cfg.workspace:
+            raise ToolError(
+                f"MCP server {cfg.name!r} works in a session's documents: only a tool call of a session's turn uses it"
+            )
         limit = cfg.timeout if timeout is None else timeout
         return self._run(self._call_tool(cfg.key, tool, args, limit, meta, on_progress), limit + STARTUP_TIMEOUT)
+
+    def call_in_workspace(
+        self,
+        config: Config,
+        ctx: ToolContext,
+        tool: str,
+        args: dict[str, Any],
+        meta: Mapping[str, Any] | None = None,
+        on_progress: ProgressFn | None = None,
+    ) -> ToolText:
+        """Call a workspace server's `tool` for the session of `ctx`, in its
+        directory: brought to the documents' heads first, its changes
+        committed after (fenced on `ctx.fence`; LeaseLost propagates, having
+        committed nothing). A change that could not be kept (too large, a
+        conflict) makes the call an error that names it."""
+        cfg = _config(config)
+        ws = self._workspace(cfg, ctx.session_id)
+        try:
+            with ws.lock:
+                ws.directory.refresh()
+                call = self._call_tool(ws.key, tool, args, cfg.timeout, meta, on_progress)
+                try:
+                    result = self._run(call, cfg.timeout + STARTUP_TIMEOUT)
+                except ToolError as exc:
+                    # A failed call may have changed files too: what it left is the session's world.
+                    problems = ws.directory.commit(ctx.fence)
+                    raise ToolError(_unsaved(str(exc), problems)) from exc
+                problems = ws.directory.commit(ctx.fence)
+        finally:
+            with self._workspaces_lock:
+                ws.users -= 1
+                ws.used = time.monotonic()
+        if problems:
+            raise ToolError(_unsaved(str(result), problems))
+        return result
 
     def relist_tools(self, config: Config) -> list[str]:
         """The names the server lists now, asked again (not this process's
         cached listing): a server upgraded in place may have dropped a tool."""
         cfg = _config(config)
-        return [tool.name for tool in self._run(self._relist(cfg.key), STARTUP_TIMEOUT * 2)]
+        return [tool.name for tool in self._run(self._relist(self._listing_key(cfg)), STARTUP_TIMEOUT * 2)]
 
     def is_running(self, config: Config) -> bool:
         """Whether a live session exists for this config (for tests and health checks)."""
-        key = _config(config).key
+        key = self._listing_key(_config(config))
         return self._run(self._is_running(key), _WAIT_SLACK)
+
+    def workspace_dirs(self, session_id: uuid.UUID) -> list[Path]:
+        """The directories this process keeps for the session's workspace servers (for tests)."""
+        with self._workspaces_lock:
+            return [ws.directory.path for (sid, _, _), ws in self._workspaces.items() if sid == session_id]
+
+    # -- workspaces -----------------------------------------------------
+
+    def _listing_key(self, cfg: ServerConfig) -> Key:
+        """The key a server's tools are listed under: a workspace server's
+        over an empty directory of this process's, which no call reaches."""
+        if not cfg.workspace or not isinstance(cfg.key, ServerKey):
+            return cfg.key
+        with self._workspaces_lock:
+            if self._listing_dir is None:
+                self._listing_dir = Path(tempfile.mkdtemp(prefix="terret-mcp-list-"))
+            return cfg.key.at(self._listing_dir)
+
+    def _workspace(self, cfg: ServerConfig, session_id: uuid.UUID) -> _Workspace:
+        """The session's workspace for this server, made on first use (its
+        directory, and a server process of its own); taken by the caller
+        (`users`) until it lets go."""
+        assert isinstance(cfg.key, ServerKey)  # parse allows workspace on stdio servers only
+        slot = (session_id, cfg.name, cfg.key)
+        with self._workspaces_lock:
+            ws = self._workspaces.get(slot)
+            if ws is not None:
+                ws.users += 1
+                self._workspaces.move_to_end(slot)
+        if ws is None:
+            # Materialized outside the lock: it reads every document of the session.
+            made = documents.directory(session_id, f"mcp:{cfg.name}")
+            with self._workspaces_lock:
+                ws = self._workspaces.setdefault(slot, _Workspace(cfg.key.at(made.path), made))
+                ws.users += 1
+            if ws.directory is not made:  # another thread made it meanwhile
+                made.remove()
+        self._close_workspaces(self._idle_workspaces())
+        return ws
+
+    def _idle_workspaces(self) -> list[_Workspace]:
+        """Taken out of the pool: the ones idle too long, and the least
+        recently used past MAX_WORKSPACES; none a call holds."""
+        now = time.monotonic()
+        with self._workspaces_lock:
+            free = [slot for slot, ws in self._workspaces.items() if ws.users == 0]
+            over = len(self._workspaces) - MAX_WORKSPACES
+            gone = []
+            for slot in free:  # oldest use first
+                if over > 0 or now - self._workspaces[slot].used > WORKSPACE_IDLE_SECONDS:
+                    gone.append(self._workspaces.pop(slot))
+                    over -= 1
+            return gone
+
+    def _close_workspaces(self, gone: list[_Workspace]) -> None:
+        for ws in gone:
+            with contextlib.suppress(Exception):
+                self._run(self._close(ws.key), _SHUTDOWN_TIMEOUT)
+            ws.directory.remove()
 
     def shutdown(self) -> None:
         """Stop every server and the loop; the manager can start again later."""
@@ -449,12 +612,24 @@ class MCPManager:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None or thread is None:
+            self._remove_directories()  # no loop, so no server runs in them
             return
         future = asyncio.run_coroutine_threadsafe(self._close_all(), loop)
         with contextlib.suppress(Exception):
             future.result(_SHUTDOWN_TIMEOUT + _WAIT_SLACK)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_WAIT_SLACK)
+        self._remove_directories()
+
+    def _remove_directories(self) -> None:
+        """Every workspace directory of this process, and its listing one (the servers are closed)."""
+        with self._workspaces_lock:
+            gone, self._workspaces = list(self._workspaces.values()), OrderedDict()
+            listing, self._listing_dir = self._listing_dir, None
+        for ws in gone:
+            ws.directory.remove()
+        if listing is not None:
+            shutil.rmtree(listing, ignore_errors=True)
 
     # -- loop plumbing --------------------------------------------------
 
@@ -474,6 +649,8 @@ class MCPManager:
         # any useful sense, the server pipes): it starts afresh on first use.
         self._loop = self._thread = None
         self._connections, self._start_locks, self._tools, self._start_failures = {}, {}, {}, {}
+        # The parent's workspace directories are the parent's to remove.
+        self._workspaces, self._listing_dir = OrderedDict(), None
 
     @staticmethod
     def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -582,11 +759,26 @@ class MCPManager:
             raise ToolError(str(text) or f"MCP tool {tool!r} failed")
         return text
 
+    async def _close(self, key: Key) -> None:
+        conn = self._connections.pop(key, None)
+        self._tools.pop(key, None)
+        self._start_locks.pop(key, None)
+        self._start_failures.pop(key, None)
+        if conn is not None:
+            await conn.close()
+
     async def _close_all(self) -> None:
         connections = list(self._connections.values())
         self._connections.clear()
         self._tools.clear()
         await asyncio.gather(*(conn.close() for conn in connections), return_exceptions=True)
+
+
+def _unsaved(text: str, problems: list[str]) -> str:
+    if not problems:
+        return text
+    said = "\n".join(f"- {p}" for p in problems)
+    return f"{text}\n\nChanges to the session's documents not saved (gone before the next call):\n{said}"
 
 
 def _call_error(conn: _Connection, tool: str, timeout: float, exc: MCPError) -> ToolError:
@@ -724,6 +916,8 @@ def _definition(manager: MCPManager, cfg: ServerConfig, tool: Tool, progress: Pr
 
     def handler(ctx: ToolContext, args: dict[str, Any]) -> str:
         report = _reporter(progress, ctx) if progress is not None else None
+        if cfg.workspace:
+            return manager.call_in_workspace(cfg, ctx, remote_name, args, meta=ledger_meta(ctx), on_progress=report)
         return manager.call_tool(cfg, remote_name, args, meta=ledger_meta(ctx), on_progress=report)
 
     return Definition(

@@ -35,7 +35,7 @@ from django.conf import settings
 from sessions_app.errors import TaskRefused
 from sessions_app.models import AgentProfile
 from sessions_app.runtime import lifecycle
-from sessions_app.runtime.materialize import materialized
+from sessions_app.runtime.materialize import materialized, scratch_root
 from sessions_app.runtime.owned.kinds import TaskKind
 from sessions_app.runtime.owned.supervision import Settlement, Supervision
 
@@ -46,14 +46,6 @@ MAX_ARG_CHARS = 8192
 KILL_GRACE_SECONDS = 2.0
 logger = logging.getLogger(__name__)
 MARKER = "TERRET_TASK"  # the environment variable naming the task in every process of its group
-
-
-def scratch_root() -> Path:
-    """Where this host makes a command's scratch directory: under its
-    TERRET_WORKSPACE_ROOT. The one place that says so."""
-    root = Path(settings.TERRET_WORKSPACE_ROOT)
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 class _Discard(Exception):

@@ -27,7 +27,7 @@ from sessions_app.errors import (
 )
 from sessions_app.models import DocumentContent, DocumentVersion, Event, Session
 from sessions_app.runtime import documents, lease
-from sessions_app.runtime.materialize import materialized
+from sessions_app.runtime.materialize import materialized, open_scratch
 from sessions_app.services import forks
 from tests.helpers import edit_profile, wait_for
 
@@ -326,3 +326,30 @@ def test_materialize_is_fenced_and_an_error_commits_nothing(session: Session, tm
         assert texts(session.id) == {"ok.txt": "fenced"}
     finally:
         lease.keeper.drop(held)  # the keeper thread renews nothing after the test
+
+
+def test_a_kept_scratch_directory_is_brought_to_the_heads(session: Session, tmp_path: Path) -> None:
+    """refresh() (an MCP server's directory before each call): files are the heads, nothing else."""
+    documents.write(session.id, "same.txt", b"same")
+    documents.write(session.id, "edited.txt", b"old")
+    documents.write(session.id, "gone.txt", b"gone")
+    scratch = open_scratch(session.id, root=tmp_path)
+    try:
+        same = scratch.path / "same.txt"
+        before = same.stat().st_mtime_ns
+        (scratch.path / "stray.txt").write_text("never committed")
+        (scratch.path / "outside").symlink_to(tmp_path)
+        (scratch.path / "later").mkdir()  # a directory a program made: kept
+        documents.write(session.id, "edited.txt", b"new")
+        documents.retire(session.id, "gone.txt")
+        documents.write(session.id, "made/new.txt", b"made elsewhere")
+        scratch.refresh()
+        found = {p.relative_to(scratch.path).as_posix() for p in scratch.path.rglob("*")}
+        assert found == {"same.txt", "edited.txt", "made", "made/new.txt", "later"}
+        assert (scratch.path / "edited.txt").read_bytes() == b"new"
+        assert same.stat().st_mtime_ns == before  # an unchanged file is not rewritten
+        assert sorted(scratch.base) == ["edited.txt", "made/new.txt", "same.txt"]
+        assert scratch.checkpoint().written == []  # nothing to commit after a refresh
+    finally:
+        scratch.remove()
+    assert not scratch.path.exists()

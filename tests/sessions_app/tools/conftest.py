@@ -7,6 +7,8 @@ the npm fixtures in tests/mcp_fixtures (package.json + package-lock.json,
   reached through `auth_proxy`, which answers 401 unless the request carries
   `Authorization: Bearer <TOKEN>` and records every Authorization it saw;
 - `filesystem_server(root)`: @modelcontextprotocol/server-filesystem;
+- `filesystem_workspace`: the same, working in each session's documents
+  (`"workspace": true`, its allowed directory `{workspace}`);
 - `git_server`: mcp-server-git (PyPI).
 """
 
@@ -185,6 +187,15 @@ def filesystem_server(tmp_path: Path) -> dict[str, Any]:
     root = tmp_path / "shared"
     root.mkdir()
     return {"name": "fs", "command": node(), "args": [str(need(FILESYSTEM)), str(root)]}
+
+
+def filesystem_workspace_config(name: str = "fs") -> dict[str, Any]:
+    return {"name": name, "command": node(), "args": [str(need(FILESYSTEM)), "{workspace}"], "workspace": True}
+
+
+@pytest.fixture
+def filesystem_workspace() -> dict[str, Any]:
+    return filesystem_workspace_config()
 
 
 @pytest.fixture

@@ -85,3 +85,16 @@ def test_the_model_field_sets_the_main_role_and_warns_without_a_key(root: Client
     pk = AgentProfile.objects.get(name="checked").pk
     change = root.get(reverse("admin:sessions_app_agentprofile_change", args=[pk]))
     assert 'value="openai/x"' in change.content.decode()  # the field shows the saved main role
+
+
+def test_a_workspace_server_is_checked_on_save(root: Client) -> None:
+    """`"workspace": true` (docs/documents.md): a bad value is the field's error, and nothing is saved."""
+    bad = {"name": "files", "url": "https://mcp.example.com/mcp", "workspace": True}
+    r = root.post(reverse(ADD), data(mcp_servers=[bad]))
+    assert r.status_code == 200
+    assert "workspace applies to a stdio server only" in str(r.context["adminform"].form.errors["mcp_servers"])
+    assert not AgentProfile.objects.filter(name="checked").exists()
+    good = {"name": "files", "command": "npx", "args": ["@modelcontextprotocol/server-filesystem", "{workspace}"]}
+    r = root.post(reverse(ADD), data(mcp_servers=[{**good, "workspace": True}]))
+    assert r.status_code == 302, r.context["adminform"].form.errors
+    assert AgentProfile.objects.get(name="checked").mcp_servers == [{**good, "workspace": True}]
