@@ -23,10 +23,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django import forms
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
 from django.urls import URLPattern, path, reverse
 from django.utils.html import escape
@@ -43,6 +42,7 @@ from sessions_app.actions import session_for
 from sessions_app.actions.files import FileVersion, upload_limit, workspace_file, workspace_files
 from sessions_app.errors import InvalidInput, NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Session
+from sessions_app.web import panels
 
 PANEL = "sessions/_files.html"
 # A larger file's page shows its size and a download link, not its text:
@@ -185,14 +185,12 @@ def download(request: HttpRequest, session_id: uuid.UUID, name: str) -> HttpResp
 def _answer(
     request: HttpRequest, session: Session, *, notice: str = "", error: str = "", code: str = "", form: Any = None
 ) -> HttpResponse:
-    if getattr(request, "htmx", False):
-        context = panel_context(session, request.user, form=form, files_notice=notice, files_error=error)
-        response = render(request, PANEL, context)
-        if error:
-            response["X-Terret-Error"] = code or "invalid_input"  # 200, so htmx swaps; the code says it was refused
-        return response
-    (messages.error if error else messages.info)(request, error or notice)
-    return redirect(f"{reverse('sessions:chat', args=[session.id])}#files")
+    def context() -> dict[str, Any]:
+        return panel_context(session, request.user, form=form, files_notice=notice, files_error=error)
+
+    return panels.answer(
+        request, session, template=PANEL, context=context, notice=notice, error=error, code=code, anchor="files"
+    )
 
 
 @login_required

@@ -12,10 +12,8 @@ from datetime import UTC, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -24,6 +22,7 @@ from sessions_app.actions import session_for
 from sessions_app.errors import NotAllowed, TerretError, UnknownSession
 from sessions_app.models import Schedule, Session
 from sessions_app.services import schedules
+from sessions_app.web import panels
 
 PANEL = "sessions/_schedules.html"
 
@@ -76,15 +75,11 @@ def panel_context(session: Session, user: Any, **extra: Any) -> dict[str, Any]:
 
 def _answer(
     request: HttpRequest, session: Session, *, notice: str = "", error: str = "", code: str = "", form: Any = None
-) -> Any:
-    if getattr(request, "htmx", False):
-        context = panel_context(session, request.user, form=form, schedule_notice=notice, schedule_error=error)
-        response = render(request, PANEL, context)
-        if error:
-            response["X-Terret-Error"] = code or "invalid_input"  # 200, so htmx swaps; the code says it was refused
-        return response
-    (messages.error if error else messages.info)(request, error or notice)
-    return redirect("sessions:chat", session_id=session.id)
+) -> HttpResponse:
+    def context() -> dict[str, Any]:
+        return panel_context(session, request.user, form=form, schedule_notice=notice, schedule_error=error)
+
+    return panels.answer(request, session, template=PANEL, context=context, notice=notice, error=error, code=code)
 
 
 @login_required
