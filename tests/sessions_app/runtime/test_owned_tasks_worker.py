@@ -206,7 +206,7 @@ def test_a_foreground_subagent_on_workers_the_parent_waits_and_completes_with_th
     fake_llm.script(Reply(tool_calls=[("task.start", call)]), Reply(text="4"), Reply(text="the helper says 4"))
     start_worker()
     services.inject(session.id, "ask the helper", wake=True)
-    wait_for(lambda: Session.objects.filter(id=session.id, waiting_tasks=1, lease_owner="").exists(), 10, "the park")
+    wait_for(lambda: Session.objects.filter(id=session.id, waiting_tasks=1, lease_owner="").exists(), 30, "the park")
     wait_for(lambda: turn_ends(session) == ["completed"], 30, "the parent's end")
     task = Task.objects.get(session=session)
     assert task.phase == "done" and task.outcome == {"answer": "4"}
