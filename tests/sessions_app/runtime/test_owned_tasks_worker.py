@@ -14,6 +14,7 @@ effects_audit hold after each.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -203,10 +204,16 @@ def test_a_foreground_subagent_on_workers_the_parent_waits_and_completes_with_th
     start_worker: Any, fake_llm: Any, session: Session, helper: AgentProfile
 ) -> None:
     call = {"kind": "subagent", "profile": helper.name, "prompt": "what is 2+2?", "background": False}
-    fake_llm.script(Reply(tool_calls=[("task.start", call)]), Reply(text="4"), Reply(text="the helper says 4"))
+    # The child's answer is held until the parent's park has been seen: without the gate a fast machine ends
+    # the child, and so the park, between two polls (CI did, twice).
+    answer = threading.Event()
+    fake_llm.script(
+        Reply(tool_calls=[("task.start", call)]), Reply(text="4", hang=answer), Reply(text="the helper says 4")
+    )
     start_worker()
     services.inject(session.id, "ask the helper", wake=True)
     wait_for(lambda: Session.objects.filter(id=session.id, waiting_tasks=1, lease_owner="").exists(), 30, "the park")
+    answer.set()
     wait_for(lambda: turn_ends(session) == ["completed"], 30, "the parent's end")
     task = Task.objects.get(session=session)
     assert task.phase == "done" and task.outcome == {"answer": "4"}
