@@ -98,7 +98,7 @@ dist: $(RUN_STAMP) .env
 	trap 'trap - INT TERM EXIT; kill $${pids[@]} 2>/dev/null; wait' INT TERM EXIT; \
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) terret_site.asgi:application & pids+=($$!); \
 	for i in $$(seq 1 $(WORKERS)); do \
-		$(VENV)/bin/celery -A terret_site worker --pool threads --concurrency 200 --without-mingle -Q "$$queue" \
+		$(PY) -m terret_site.worker --pool threads --concurrency 200 -Q "$$queue" \
 			-n "terret$$i@%h" --loglevel INFO & pids+=($$!); \
 	done; \
 	if [ "$$beat" != 0 ]; then $(VENV)/bin/celery -A terret_site beat --loglevel INFO & pids+=($$!); fi; \

@@ -258,8 +258,8 @@ def procfile_worker(name: str, **env: str) -> subprocess.Popen[bytes]:
 
     line = next(x for x in (ROOT / "Procfile").read_text().splitlines() if x.startswith("worker:"))
     argv = shlex.split(line.split(":", 1)[1])
-    assert argv[0] == "celery", argv
-    argv = [sys.executable, "-m", "celery", *argv[1:]]
+    assert argv[:3] == ["python", "-m", "terret_site.worker"], argv
+    argv = [sys.executable, *argv[1:]]
     argv[argv.index("-Q") + 1] = os.environ["TERRET_QUEUE"]
     argv[argv.index("-n") + 1] = f"{name}@%h"
     argv[argv.index("--loglevel") + 1] = os.environ.get("BENCH_WORKER_LOG", "WARNING")

@@ -72,7 +72,7 @@ def start_worker(name: str, concurrency: int, **env: str) -> subprocess.Popen[by
     full = dict(os.environ, **env)
     log = open(f"/tmp/terret-bench-{name}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "terret_site", "worker", "--pool", "threads",
+        [sys.executable, "-m", "terret_site.worker", "--pool", "threads",
          "--concurrency", str(concurrency), "-Q", os.environ["TERRET_QUEUE"], "-n", f"{name}@%h",
          "--without-gossip", "--without-mingle", "--without-heartbeat",
          "-l", os.environ.get("BENCH_WORKER_LOG", "WARNING")],

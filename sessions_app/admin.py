@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django_stubs_ext
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet, Sum
@@ -40,6 +41,11 @@ from sessions_app.services import operators, schedules, storage, versions
 from sessions_app.services.tokens import revoke
 from sessions_app.services.usage import check_session
 from sessions_app.tools.builtins import BUILTINS
+
+# ModelAdmin[Model] and ModelForm[Model] below are written for mypy; this lets
+# them run. Here, not in settings: it imports the admin, syndication and views
+# into every process (terret_site/worker.py).
+django_stubs_ext.monkeypatch()
 
 # The profile's tool and model configuration, and what an empty field means.
 CHECKED_FIELDS: dict[str, Any] = {

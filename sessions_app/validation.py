@@ -36,7 +36,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # What Model._meta.get_field answers.
-Column = models.Field[Any, Any] | ForeignObjectRel
+type Column = models.Field[Any, Any] | ForeignObjectRel  # lazy: Field is subscriptable for mypy only
 
 
 def column_range(field: Column) -> tuple[int, int]:

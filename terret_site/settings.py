@@ -6,6 +6,7 @@ See `.env.example` for every variable. Bad values stop the process at import
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import ssl
@@ -15,15 +16,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import dj_database_url
-import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
 from terret_site.dbpool import cap_reconnect_backoff
 from terret_site.env import env_bool, env_float, env_int, env_limit, env_list, env_pauses, env_str, env_url
-
-# Lets ModelAdmin[Model] and QuerySet[Model] be written at runtime for mypy.
-django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # A local `.env` (written by `make run`, never committed) fills in what the
@@ -49,8 +46,13 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # runs the daphne command itself (Makefile, Procfile). Installing it would
 # import daphne and Twisted into every process, Celery workers included
 # (a third of a second on each worker's start, which is recovery time).
+#
+# No "ninja" app either (its templates and static files are found through
+# NINJA_DIR below, sessions_app/api/docs.py), and the admin is discovered when
+# the URLs load (terret_site/urls.py), not at `django.setup()`: both would
+# import what only the web process uses into every worker (about 0.2 s).
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "django.contrib.admin.apps.SimpleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -58,11 +60,13 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
-    "ninja",  # its Swagger UI at /api/docs then loads from static files, not a CDN
     "sessions_app",
     "approvals_app",
     "policies_app",
 ]
+
+# django-ninja's package directory, found without importing it (see INSTALLED_APPS).
+NINJA_DIR = Path(importlib.util.find_spec("ninja").origin or "").parent  # type: ignore[union-attr]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -88,7 +92,7 @@ ASGI_APPLICATION = "terret_site.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -415,7 +419,7 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [BASE_DIR / "static", NINJA_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 LOGGING = {

@@ -5,6 +5,10 @@ from django.urls import URLPattern, URLResolver, include, path
 
 from terret_site.metrics import metrics_view
 
+# The admin's modules register here, with the URLs, not at `django.setup()`
+# (SimpleAdminConfig, terret_site/settings.py): workers never load them.
+admin.autodiscover()
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),

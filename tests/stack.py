@@ -456,7 +456,7 @@ class Stack:
         """A worker as `make dist` starts it (threads pool; one -Q, the default queue)."""
         i = len(self.workers) if index is None else index
         cmd = [
-            *_venv_bin("celery"), "-A", "terret_site", "worker", "--pool", "threads",
+            sys.executable, "-m", "terret_site.worker", "--pool", "threads",
             "--concurrency", str(self.concurrency), "-Q", "terret", "-n", f"stack{i}-{os.getpid()}@%h",
             "--loglevel", "INFO",
         ]  # fmt: skip

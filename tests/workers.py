@@ -1,7 +1,7 @@
 """Real Celery worker processes for tests.
 
 `start_worker()` (fixture in tests/conftest.py) launches
-`celery -A terret_site worker --pool threads` as a separate OS process pointed
+`python -m terret_site.worker --pool threads` (the Procfile's worker) as a separate OS process pointed
 at the pytest test database and the test Redis, so durability tests exercise
 exactly what production runs. `.kill()` sends SIGKILL: no cleanup code runs;
 `.pause()`/`.resume()` send SIGSTOP/SIGCONT and `.terminate()` SIGTERM
@@ -73,7 +73,7 @@ class WorkerProcess:
         self.log = tempfile.NamedTemporaryFile(prefix=f"terret-worker-{name}-", suffix=".log", delete=False)
         queue = env.get("TERRET_QUEUE", settings.CELERY_TASK_DEFAULT_QUEUE)
         cmd = [
-            sys.executable, "-m", "celery", "-A", "terret_site", "worker",
+            sys.executable, "-m", "terret_site.worker",
             "--pool", "threads", "--concurrency", str(concurrency), "-Q", str(queue),
             "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
             *flags, "-l", "INFO",

@@ -19,6 +19,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from sessions_app import actions
 from sessions_app.api import listing
 from sessions_app.api.auth import BearerAuth, CookieAuth
+from sessions_app.api.docs import LocalSwagger
 from sessions_app.api.schemas import (
     AttentionOut,
     BudgetIn,
@@ -104,7 +105,8 @@ api = NinjaAPI(
     version="1",
     description="Drive Terret sessions from programs. Frames of the session socket: docs/protocol.md.",
     urls_namespace="terret_api",
-    docs_url="/docs",  # Swagger UI from ninja's own static files ("ninja" in INSTALLED_APPS): no CDN
+    docs_url="/docs",
+    docs=LocalSwagger(),  # from ninja's own static files, no CDN
     auth=[BearerAuth(), CookieAuth()],
 )
 

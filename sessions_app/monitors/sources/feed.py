@@ -24,7 +24,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urljoin
 
-import feedparser
 import httpx
 
 from sessions_app import outbound
@@ -77,6 +76,8 @@ class Feed:
         newest: datetime | None = checkpoint
         proven = False
         url: str | None = config["url"]
+        import feedparser  # on the first scan, not in every worker's boot (terret_site/worker.py)
+
         pages = 0
         visited: list[str] = []
         while url is not None:

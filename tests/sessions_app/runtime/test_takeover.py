@@ -148,12 +148,14 @@ def test_a_fresh_worker_on_celerys_own_defaults_skips_mingle_and_is_warm_before_
     assert len(fake_llm.requests) == 2
 
 
-def test_the_procfile_and_make_dist_start_workers_without_mingle() -> None:
+def test_the_procfile_and_make_dist_start_workers_through_the_launcher() -> None:
+    # terret_site/worker.py builds every worker without mingle (the fresh
+    # worker above is started through it, and its log has no mingle line).
     root = Path(__file__).resolve().parents[3]
     worker = next(x for x in (root / "Procfile").read_text().splitlines() if x.startswith("worker:"))
-    assert "--without-mingle" in worker.split()
+    assert worker.split()[1:4] == ["python", "-m", "terret_site.worker"], worker
     dist = (root / "Makefile").read_text().split("\ndist:", 1)[1]
-    assert "--without-mingle" in dist.split("worker --pool", 1)[1].split("\n", 1)[0]
+    assert "$(PY) -m terret_site.worker --pool threads" in dist
 
 
 def test_a_paused_worker_whose_lease_was_taken_over_writes_only_its_spend_when_it_wakes(
