@@ -51,11 +51,14 @@ def _collect_again(**_: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     gc.disable()  # until worker_ready (_collect_again)
+    # Here, not at the top: the imports (Celery, then Django and every app
+    # through terret_site.celery) run with the collector paused, and a bad
+    # option was refused before any of them.
     from celery import concurrency
     from celery.signals import worker_ready
     from celery.utils.nodenames import default_nodename, host_format
 
-    from terret_site.celery import app
+    from terret_site.celery import app  # local: see above
 
     worker_ready.connect(_collect_again, weak=False)
     worker = app.Worker(
