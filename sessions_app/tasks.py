@@ -35,7 +35,7 @@ from sessions_app.runtime.dispatch import DRIVE_TASK, RUN_TASK, SWEEP_TASK, send
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.outcomes import Outcome
 from sessions_app.runtime.owned import supervise
-from sessions_app.runtime.sweep import sweep, sweep_round
+from sessions_app.runtime.sweep import note_woken, sweep, sweep_round
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +151,14 @@ def warm_model_path(database: bool = True) -> None:
     log.info("warm-up: the model path and the database pool ready in %.0f ms", (time.perf_counter() - started) * 1000)
 
 
+def _wake_gone(sid: str) -> None:
+    note_woken(sid)  # before the message: the start sweep must see it
+    send_drive(sid)
+
+
 def _start_liveness() -> None:
     try:
-        liveness.start(send_drive)
+        liveness.start(_wake_gone)
     except Exception:
         log.exception("liveness did not start; leases of this process are freed by their expiry only")
 

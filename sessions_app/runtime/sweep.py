@@ -78,11 +78,29 @@ def sweep(*, at_start: bool = False) -> list[str]:
         # pg_locks (once per statement: the test is a hashed subplan).
         unowned |= Q(RawSQL(_GONE, [], output_field=BooleanField()))  # noqa: S611 - constant SQL
     ids = [str(i) for i in found.filter(unowned).values_list("id", flat=True)[:SWEEP_BATCH]]
-    return ids if at_start else _not_woken_lately(ids)
+    return _not_noted(ids) if at_start else _not_woken_lately(ids)
 
 
 _woken: dict[str, float] = {}
 _woken_lock = threading.Lock()
+
+
+def note_woken(sid: str) -> None:
+    """A wake-up this process sent outside a sweep: liveness's, for a session
+    whose driver's process is gone. Sweeps leave the session to it for a
+    lease period, as they leave their own: on a fresh worker's start the
+    start sweep would otherwise send a second drive of the turn it is
+    recovering, which finds it busy while sharing its first milliseconds."""
+    with _woken_lock:
+        _woken[sid] = time.monotonic()
+
+
+def _not_noted(ids: list[str]) -> list[str]:
+    """The start sweep's ids less those noted lately (note_woken); nothing recorded."""
+    now = time.monotonic()
+    ttl = settings.TERRET_LEASE_SECONDS
+    with _woken_lock:
+        return [sid for sid in ids if now - _woken.get(sid, -ttl) >= ttl]
 
 
 def _not_woken_lately(ids: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ Runs on both databases."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from django.utils import timezone
 from sessions_app import log, services
 from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import lease
-from sessions_app.runtime.sweep import sweep
+from sessions_app.runtime.sweep import note_woken, sweep
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -120,6 +121,20 @@ def test_the_first_sweep_of_a_process_takes_unclaimed_turns_at_once(session: Ses
     assert str(session.id) not in sweep()
     # A process starting now: an in-process queue holding its wake-up is gone.
     assert str(session.id) in sweep(at_start=True)
+
+
+def test_the_first_sweep_leaves_a_turn_to_the_wake_up_liveness_just_sent(session: Session, settings: Any) -> None:
+    # A fresh worker finds a dead process's session at its key's first poll
+    # and wakes it (sessions_app/tasks.py, _wake_gone); its start sweep, a
+    # moment later, would send a second drive that finds the turn busy.
+    settings.TERRET_LEASE_SECONDS = 0.5
+    services.inject(session.id, "hello", wake=True)
+    sid = str(session.id)
+    note_woken(sid)
+    assert sid not in sweep(at_start=True)
+    assert sid not in sweep(at_start=True)  # the start sweep records nothing of its own
+    time.sleep(0.6)  # a lease period later, a wake-up that was lost is swept again
+    assert sid in sweep(at_start=True)
 
 
 def test_renewal_gives_each_lease_its_own_ttl(session: Session, make_user: Any, profile: Any) -> None:
