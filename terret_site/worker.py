@@ -20,14 +20,14 @@ import gc
 import sys
 from typing import Any
 
-DEFAULTS = {"pool": "threads", "concurrency": 200, "queues": "terret", "loglevel": "INFO"}
+DEFAULTS = {"pool": "threads", "concurrency": 200, "loglevel": "INFO"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m terret_site.worker", description=__doc__.split("\n")[0])
     p.add_argument("-P", "--pool", default=DEFAULTS["pool"], choices=("threads", "solo", "prefork"))
     p.add_argument("-c", "--concurrency", type=int, default=DEFAULTS["concurrency"])
-    p.add_argument("-Q", "--queues", default=DEFAULTS["queues"], help="comma-separated queue names")
+    p.add_argument("-Q", "--queues", default="", help="comma-separated queue names (default: TERRET_QUEUE's)")
     p.add_argument("-n", "--hostname", default=None, help="node name, as celery's: %%h, %%n and %%d expand")
     p.add_argument("-l", "--loglevel", default=DEFAULTS["loglevel"])
     # Always on for Terret's workers (terret_site/broker.py, Consumer); accepted so that
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         hostname=host_format(default_nodename(args.hostname)),
         pool_cls=concurrency.get_implementation(args.pool),
         concurrency=args.concurrency,
-        queues=[q for q in args.queues.split(",") if q],
+        queues=[q for q in args.queues.split(",") if q] or None,  # None: the app's default queue (settings)
         loglevel=args.loglevel.upper(),
         without_mingle=True,
         without_gossip=args.without_gossip,

@@ -37,20 +37,22 @@ import gc, os, sys, threading
 from celery.signals import worker_ready
 
 seen = []
+queues = []
 
-def at_ready(**_):
+def at_ready(sender=None, **_):
     seen.extend(m for m in sys.argv[1].split(",") if m in sys.modules)
+    queues.extend(q.name for q in sender.task_consumer.queues)
     # After the launcher's own worker_ready receiver (connected after this
     # one); to the real stdout, which Celery has redirected to its log.
     threading.Timer(0.3, report).start()
 
 def report():
-    os.write(1, ("PROBE %s %s\\n" % (",".join(seen), gc.isenabled())).encode())
+    os.write(1, ("PROBE %s %s %s\\n" % (",".join(seen), gc.isenabled(), ",".join(queues))).encode())
     os._exit(0)
 
 worker_ready.connect(at_ready, weak=False)
 from terret_site.worker import main
-main(["-Q", os.environ["TERRET_QUEUE"], "-n", "probe-%d@%%h" % os.getpid(), "-c", "2", "-l", "WARNING"])
+main(["-n", "probe-%d@%%h" % os.getpid(), "-c", "2", "-l", "WARNING"])  # no -Q: the deployment's queue
 """
 
 
@@ -59,13 +61,14 @@ def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> s
 
 
 @pytest.mark.worker
-def test_a_worker_boots_without_the_web_only_modules_and_collects_garbage_once_ready(transactional_db: None) -> None:
+def test_a_worker_boots_without_the_web_only_modules_on_the_deployments_queue(transactional_db: None) -> None:
     done = run("-c", PROBE, ",".join(WEB_ONLY), env=worker_env())
     line = next((x for x in done.stdout.splitlines() if x.startswith("PROBE")), None)
     assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
-    _, imported, collecting = line.split(" ")
+    _, imported, collecting, queues = line.split(" ")
     assert imported == "", f"imported at boot: {imported}"
     assert collecting == "True"
+    assert queues == worker_env()["TERRET_QUEUE"]  # without -Q, the queue turns are sent to
 
 
 @pytest.mark.parametrize(
