@@ -25,7 +25,9 @@ DEFAULTS = {"pool": "threads", "concurrency": 200, "loglevel": "INFO"}
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m terret_site.worker", description=__doc__.split("\n")[0])
-    p.add_argument("-P", "--pool", default=DEFAULTS["pool"], choices=("threads", "solo", "prefork"))
+    # Not prefork: its children fork before worker_ready and would keep the
+    # collector paused for good (celery's command line starts a prefork pool).
+    p.add_argument("-P", "--pool", default=DEFAULTS["pool"], choices=("threads", "solo"))
     p.add_argument("-c", "--concurrency", type=int, default=DEFAULTS["concurrency"])
     p.add_argument("-Q", "--queues", default="", help="comma-separated queue names (default: TERRET_QUEUE's)")
     p.add_argument("-n", "--hostname", default=None, help="node name, as celery's: %%h, %%n and %%d expand")

@@ -69,11 +69,23 @@ class WorkerProcess:
     # Celery's optional start-up steps, off in tests unless a test passes `flags` of its own.
     FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 
-    def __init__(self, *, concurrency: int = 8, name: str = "w", flags: tuple[str, ...] = FLAGS, **env: Any) -> None:
+    # The Procfile's launcher, or (celery_cli=True) Celery's own command line, as a deploy may start one.
+    LAUNCHER = ("-m", "terret_site.worker")
+    CELERY_CLI = ("-m", "celery", "-A", "terret_site", "worker")
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 8,
+        name: str = "w",
+        flags: tuple[str, ...] = FLAGS,
+        celery_cli: bool = False,
+        **env: Any,
+    ) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix=f"terret-worker-{name}-", suffix=".log", delete=False)
         queue = env.get("TERRET_QUEUE", settings.CELERY_TASK_DEFAULT_QUEUE)
         cmd = [
-            sys.executable, "-m", "terret_site.worker",
+            sys.executable, *(self.CELERY_CLI if celery_cli else self.LAUNCHER),
             "--pool", "threads", "--concurrency", str(concurrency), "-Q", str(queue),
             "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
             *flags, "-l", "INFO",

@@ -76,6 +76,7 @@ def test_a_worker_boots_without_the_web_only_modules_on_the_deployments_queue(tr
     [
         (["--concurrency", "0"], "--concurrency must be at least 1"),
         (["--pool", "gevent"], "invalid choice: 'gevent'"),
+        (["--pool", "prefork"], "invalid choice: 'prefork'"),
         (["--autoscale", "4,1"], "unrecognized arguments: --autoscale"),
     ],
 )

@@ -164,6 +164,8 @@ def test_a_foreground_command_parks_the_turn_in_waiting_task_and_its_answer_foll
     # The task's own start (its run message, taken by a worker) may commit
     # after the park (it did on CI's loaded run): pending or running, not ended.
     assert row.status == "waiting_task" and Task.objects.get(session=session).phase in ("pending", "running")
+    wait_for(lambda: Task.objects.filter(session=session, phase="running").exists(), 10, "the command running")
+    assert Session.objects.get(id=session.id).status == "waiting_task"  # it runs while the turn stays parked
     wait_for(lambda: turn_ends(session) == ["completed"], 20, "the turn's end")
     (result,) = events(session, "tool/result")
     assert json.loads(result["content"])["outcome"] == {"exit_code": 0, "output": "foreground\n"}

@@ -138,7 +138,7 @@ def test_a_fresh_worker_on_celerys_own_defaults_skips_mingle_and_is_warm_before_
     time.sleep(0.3)
     first.kill()
 
-    fresh = start_worker(name="b", flags=(), **DEFAULT_LEASES)
+    fresh = start_worker(name="b", flags=(), celery_cli=True, **DEFAULT_LEASES)
     wait_for(lambda: turn_ended(session), timeout=40, what="turn/end by the fresh worker")
     log = fresh.output()
     assert "mingle" not in log, log[-3000:]
