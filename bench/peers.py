@@ -34,6 +34,9 @@ Measured, per system:
 Every ratio Terret / peer is printed (below 1: Terret is ahead), and so is
 what is not equal between the systems (NOT_EQUAL).
 
+--fresh N: only Terret's fresh-process recovery, N times, and the median
+(run it in two trees, e.g. a git worktree of the commit before, for an A/B).
+
 --quick: one round, fewer agents, 20 at once with a 0.2 s model: about a
 minute on a quiet machine (82 s measured on a loaded one, set-up included),
 figures for a smoke test only.
@@ -550,6 +553,26 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
 
 
+def fresh_only(n: int, dbname: str) -> int:
+    """kill -9 of the only worker mid-turn, a fresh one started, n times: each start -> turn/end."""
+    from tests.fakes.fake_llm import FakeLLM
+
+    walls, cpus = [], []
+    with FakeLLM(respond) as fake:
+        system = Terret(fake, dbname)
+        system.start()
+        try:
+            for _ in range(n):
+                walls.append(system.fresh())
+                cpus.append(system.fresh_cpu)
+                print(f"  fresh recovery {walls[-1]:.3f} s, its CPU {cpus[-1]:.3f} s", flush=True)
+        finally:
+            system.stop()
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    print(f"median of {n}: {wall:.3f} s, CPU {cpu:.3f} s (fastest {min(walls):.3f} s)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -560,6 +583,9 @@ def main() -> int:
     parser.add_argument("--latency-b", type=float, default=1.0, help="seconds per model call, agents at once")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
     parser.add_argument("--quick", action="store_true", help="one short round: a smoke test (about a minute)")
+    parser.add_argument(
+        "--fresh", type=int, metavar="N", help="only Terret's fresh-process recovery, N times (for an A/B of the boot)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.agents, args.at_once, args.latency_b = 1, 3, [20], 0.2
@@ -579,6 +605,8 @@ def main() -> int:
 
     from tests.fakes.fake_llm import FakeLLM
 
+    if args.fresh:
+        return fresh_only(args.fresh, dbs["terret"])
     results: dict[str, list[dict[str, float]]] = {s: [] for s in args.systems}
     with FakeLLM(respond) as fake:
         systems = {s: Terret(fake, dbs[s]) if s == "terret" else Peer(s, fake, dbs[s]) for s in args.systems}

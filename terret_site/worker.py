@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.abc
 import sys
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 DEFAULTS = {"pool": "threads", "concurrency": 200, "loglevel": "INFO"}
@@ -43,19 +46,44 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# Optional integrations that libraries a worker loads import when they find
+# them installed, and that a worker never uses: redis-py imports the
+# OpenTelemetry metrics SDK (about 40 ms) only to learn whether it could
+# export metrics of its own (Terret's tracing is its own, runtime/tracing.py,
+# and loads the SDK's tracing when it is on), httpx its command line (Pygments
+# and, in a development environment, rich: about 40 ms). Refused while the
+# worker boots, so each library takes its "not installed" path; importable
+# again once the worker is ready.
+NOT_AT_BOOT = frozenset({"opentelemetry.sdk.metrics", "httpx._main"})
+
+
+class _NotAtBoot(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> None:
+        if name in NOT_AT_BOOT:
+            raise ImportError(f"{name} is not imported while a worker boots (terret_site/worker.py)", name=name)
+        return None
+
+
+_finder = _NotAtBoot()
+
+
 def _collect_again(**_: Any) -> None:
     # The boot's objects live as long as the process: frozen, later
     # collections do not walk them again.
     gc.freeze()
     gc.enable()
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     gc.disable()  # until worker_ready (_collect_again)
-    # Here, not at the top: the imports (Celery, then Django and every app
-    # through terret_site.celery) run with the collector paused, and a bad
-    # option was refused before any of them.
+    sys.meta_path.insert(0, _finder)  # until worker_ready too
+    # Here, not at the top: the imports (Django and every app, at the
+    # worker's start; Celery's app object came with the package,
+    # terret_site/__init__.py) run with the collector paused and the finder
+    # in place, and a bad option was refused before any of them.
     from celery import concurrency
     from celery.signals import worker_ready
     from celery.utils.nodenames import default_nodename, host_format

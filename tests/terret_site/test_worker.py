@@ -30,6 +30,11 @@ WEB_ONLY = (
     "click_repl",
     "prompt_toolkit",
     "feedparser",
+    # Optional integrations refused while a worker boots (NOT_AT_BOOT):
+    # redis-py's look for the OpenTelemetry metrics SDK, httpx's command line.
+    "opentelemetry.sdk.metrics",
+    "httpx._main",
+    "pygments",
 )
 
 PROBE = """
@@ -47,6 +52,8 @@ def at_ready(sender=None, **_):
     threading.Timer(0.3, report).start()
 
 def report():
+    import importlib
+    importlib.import_module("opentelemetry.sdk.metrics")  # refused at boot only
     os.write(1, ("PROBE %s %s %s\\n" % (",".join(seen), gc.isenabled(), ",".join(queues))).encode())
     os._exit(0)
 

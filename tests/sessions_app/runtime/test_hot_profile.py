@@ -124,7 +124,7 @@ def _settled(session_ids: list[uuid.UUID]) -> dict[str, int]:
 
 @pytest.mark.postgres
 @pytest.mark.worker
-def test_200_concurrent_turns_never_blow_a_profiles_daily_budget(
+def test_200_concurrent_turns_pass_a_profiles_daily_budget_by_at_most_the_steps_in_flight(
     start_worker: Any, fake_llm: Any, make_user: Any, settings: Any
 ) -> None:
     """200 sessions of one profile each get a one-step turn at once, run by
