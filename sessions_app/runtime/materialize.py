@@ -36,14 +36,24 @@ A long-lived program (an MCP server, tools/mcp.py) keeps its directory
 across many calls: `open_scratch` makes one, `refresh()` brings it to the
 documents' heads before each call (another host may have written since),
 `checkpoint()` commits after it, and `remove()` ends it.
+
+A process killed while it held a directory (kill -9, a lost host power
+supply) never removes it, and it holds copies of a session's documents. So
+each directory is named after its process's owner token: a lock file under
+the same root that the process holds (flock) for as long as it lives; the
+operating system drops the lock at any exit. Every worker's sweep
+(`sweep_orphans`, runtime/sweep.py) removes the directories of a token whose
+lock it can take, and the lock file with them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,7 +68,14 @@ from sessions_app.tools import documents as tool_documents
 
 from . import documents
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no owner tokens, and nothing is swept
+    fcntl = None  # type: ignore[assignment]
+
 SCRATCH_PREFIX = "terret-docs-"
+OWNER_PREFIX = ".terret-owner-"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -216,6 +233,60 @@ def scratch_root() -> Path:
     return root
 
 
+_owners: dict[tuple[str, int], str] = {}  # (root, pid) -> this process's token there
+_owners_lock = threading.Lock()
+
+
+def owner_token(root: Path) -> str:
+    """This process's owner token under `root` (see the module docstring):
+    its lock file is made under a temporary name, locked, then renamed, so a
+    sweep never finds an owner's file unlocked while the owner lives. A
+    forked child makes its own (its pid differs)."""
+    key = (str(root), os.getpid())
+    with _owners_lock:
+        token = _owners.get(key)
+        if token is None:
+            token = uuid.uuid4().hex[:12]
+            if fcntl is not None:
+                making = root / f".{token}.making"
+                fd = os.open(making, os.O_CREAT | os.O_RDWR, 0o600)  # kept open: the lock lives with it
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.replace(making, root / f"{OWNER_PREFIX}{token}")
+            _owners[key] = token
+        return token
+
+
+def sweep_orphans(root: Path | None = None) -> int:
+    """Remove the scratch directories of processes gone from this host (their
+    owner token's lock is free) and their lock files; how many directories.
+    A live owner's lock, this process's own included, cannot be taken."""
+    root = Path(root or settings.TERRET_WORKSPACE_ROOT)
+    if fcntl is None or not root.is_dir():
+        return 0
+    removed = 0
+    for lock in root.glob(f"{OWNER_PREFIX}*"):
+        token = lock.name.removeprefix(OWNER_PREFIX)
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:  # another sweep took it
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # its owner lives
+            continue
+        try:
+            for path in root.glob(f"{SCRATCH_PREFIX}*-{token}-*"):
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    if removed:
+        logger.warning("removed %d scratch directories of processes gone from this host", removed)
+    return removed
+
+
 def open_scratch(
     session_id: uuid.UUID,
     *,
@@ -226,7 +297,8 @@ def open_scratch(
 ) -> Scratch:
     """A new scratch directory holding the session's documents (under
     `root`, or the system's temporary directory); the caller removes it."""
-    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{session_id.hex[:12]}-", dir=root))
+    where = Path(root or tempfile.gettempdir())
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{session_id.hex[:12]}-{owner_token(where)}-", dir=where))
     try:
         return Scratch(session_id, path, fence, by, write_out(session_id, path, task=task), task=task)
     except BaseException:

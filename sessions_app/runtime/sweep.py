@@ -47,7 +47,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from sessions_app.models import Session
-from sessions_app.runtime import codever, counters, effects, progress, registry, storage
+from sessions_app.runtime import codever, counters, effects, materialize, progress, registry, storage
 from sessions_app.runtime.lease import process_gone
 
 logger = logging.getLogger(__name__)
@@ -169,6 +169,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("reporting stalled turns", progress.report_stalls),
         ("auditing effect ledgers", _audit_effects),
         ("moving quiet sessions' storage", storage.move_quiet),
+        ("removing gone processes' scratch directories", _sweep_scratch),
         ("counting the round", _count_round),
     ]
     for what, part in parts:
@@ -179,6 +180,12 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
             logger.exception("%s failed", what)
         finally:
             connection.close()
+
+
+def _sweep_scratch() -> list[str]:
+    # Copies of sessions' documents a killed process left on this host (runtime/materialize.py).
+    materialize.sweep_orphans()
+    return []
 
 
 def _count_round() -> list[str]:

@@ -353,3 +353,71 @@ def test_a_kept_scratch_directory_is_brought_to_the_heads(session: Session, tmp_
     finally:
         scratch.remove()
     assert not scratch.path.exists()
+
+
+# ---------------------------------------------------------------- scratch directories of gone processes
+
+HOLDER = """
+import sys, time, uuid
+import django
+django.setup()
+from sessions_app.runtime.materialize import open_scratch, scratch_root
+scratch = open_scratch(uuid.UUID(sys.argv[1]), root=scratch_root())
+print(scratch.path, flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(session: Session, root: Path) -> tuple[Any, Path]:
+    """A process of its own holding a scratch directory of `session` under `root`."""
+    import subprocess
+    import sys
+
+    from tests.workers import ROOT, worker_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(session.id)],
+        cwd=ROOT,
+        env=worker_env(TERRET_WORKSPACE_ROOT=str(root)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+@pytest.mark.postgres  # the holders are processes of their own (tests/workers.py, worker_env)
+def test_a_killed_processs_scratch_directories_are_swept_and_a_live_ones_are_not(
+    session: Session, tmp_path: Path, settings: Any
+) -> None:
+    import os
+    import signal
+
+    from sessions_app.runtime.sweep import sweep_round
+
+    settings.TERRET_WORKSPACE_ROOT = str(tmp_path)
+    documents.write(session.id, "notes/a.txt", b"private")
+    (dead, dead_dir), (alive, alive_dir) = _holder(session, tmp_path), _holder(session, tmp_path)
+    own = open_scratch(session.id, root=tmp_path)  # this process's, alive too
+    try:
+        assert (dead_dir / "notes/a.txt").read_bytes() == b"private"
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait()
+        sweep_round(at_start=False, wake=lambda sid: None)  # every worker's sweep, as it runs
+        assert not dead_dir.exists()
+        assert (alive_dir / "notes/a.txt").read_bytes() == b"private"
+        assert (own.path / "notes/a.txt").read_bytes() == b"private"
+        owners = sorted(p.name for p in tmp_path.glob(".terret-owner-*"))
+        assert len(owners) == 2, owners  # the dead process's lock file went with its directory
+
+        alive.terminate()  # any exit frees the lock, not only kill -9
+        alive.wait()
+        sweep_round(at_start=False, wake=lambda sid: None)
+        assert not alive_dir.exists()
+        assert own.path.exists()
+    finally:
+        for proc in (dead, alive):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        own.remove()
