@@ -52,6 +52,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -66,7 +67,7 @@ from sessions_app import log
 from sessions_app.errors import DocumentConflict, TerretError
 from sessions_app.tools import documents as tool_documents
 
-from . import documents
+from . import documents, hooks
 
 try:
     import fcntl
@@ -360,5 +361,15 @@ class ToolDirectory:
         self.scratch.remove()
 
 
+def close_idle_workspaces() -> int:
+    """On every worker's clock: MCP workspace servers idle too long closed,
+    their directories removed (tools/mcp.py). Looked up, not imported: the
+    MCP SDK costs a worker half a second to import, and a process that never
+    imported it runs no server."""
+    mcp = sys.modules.get("sessions_app.tools.mcp")
+    return int(mcp.close_idle_workspaces()) if mcp is not None else 0
+
+
 def register_tools() -> None:
     tool_documents.register_directories(ToolDirectory)
+    hooks.register_clock(close_idle_workspaces)

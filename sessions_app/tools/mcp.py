@@ -584,6 +584,14 @@ class MCPManager:
         self._close_workspaces(self._idle_workspaces())
         return ws
 
+    def close_idle(self) -> int:
+        """Close the workspaces idle too long (and any past the bound): a
+        worker's clock calls this, so a session nobody calls again does not
+        keep its server process and directory for the worker's life."""
+        gone = self._idle_workspaces()
+        self._close_workspaces(gone)
+        return len(gone)
+
     def _idle_workspaces(self) -> list[_Workspace]:
         """Taken out of the pool: the ones idle too long, and the least
         recently used past MAX_WORKSPACES; none a call holds."""
@@ -956,6 +964,12 @@ def manager() -> MCPManager:
         if _manager is None:
             _manager = MCPManager()
         return _manager
+
+
+def close_idle_workspaces() -> int:
+    """This process's idle workspaces closed (MCPManager.close_idle); none
+    when no manager was ever made here."""
+    return _manager.close_idle() if _manager is not None else 0
 
 
 def list_tools(config: Config, progress: ProgressSink | None = None) -> list[Definition]:

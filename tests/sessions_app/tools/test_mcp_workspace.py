@@ -225,3 +225,22 @@ def test_past_the_bound_the_least_recently_used_workspace_is_closed(
     assert call(tools, session, held.gen, "read_text_file", path="kept.txt") == "committed before the close"
     (again,) = mcp.manager().workspace_dirs(session.id)
     assert again != first
+
+
+def test_a_workspace_idle_too_long_is_closed_by_the_clock_without_another_call(
+    tools: Registry, session: Session, held: lease.Lease, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session nobody calls again: the worker's clock (hooks.run_clocks, as
+    the clock thread runs it) closes its server and removes its directory."""
+    from sessions_app.runtime import hooks
+
+    call(tools, session, held.gen, "write_file", path="kept.txt", content="committed before the close")
+    (where,) = mcp.manager().workspace_dirs(session.id)
+    hooks.run_clocks()
+    assert mcp.manager().workspace_dirs(session.id) == [where] and where.exists()  # not idle long enough yet
+    monkeypatch.setattr(mcp, "WORKSPACE_IDLE_SECONDS", 0.0)
+    hooks.run_clocks()
+    assert mcp.manager().workspace_dirs(session.id) == [] and not where.exists()
+    running = {k.cwd for k in mcp.manager()._connections if isinstance(k, mcp.ServerKey)}
+    assert str(where) not in running  # its server process closed too
+    assert document_text(session.id, "kept.txt") == "committed before the close"
