@@ -24,8 +24,9 @@ from django.urls import reverse
 
 from approvals_app.selectors import pending as pending_calls
 from sessions_app.actions import allowed
-from sessions_app.actions.files import writer_label
+from sessions_app.actions.files import workspace_files, writer_label
 from sessions_app.actions.words import shown_state
+from sessions_app.errors import NotAllowed, UnknownSession
 from sessions_app.log.reads import blocked_info, waiting_info
 from sessions_app.models import Event, Session
 from sessions_app.runtime.limits import Exceeded
@@ -81,6 +82,8 @@ APPROVAL_MOVES = frozenset({"approval/requested", "approval/resolved", "turn/sta
 EFFECT_MOVES = frozenset({"tool/unknown", "tool/resolved", "turn/start", "turn/end"})
 # ... and for its budget figures (spend, limits, what is exhausted).
 BUDGET_MOVES = frozenset({"budget/updated", "usage/recorded", "step/end", "turn/start", "turn/end", "input/held"})
+# ... and for its files panel (a document written or retired, by anyone: the agent's tools too).
+DOCUMENT_MOVES = frozenset({"document/written", "document/retired"})
 # The composer's notice ("Queued: ...", "Held: ...") emptied: sent once
 # the input it speaks of is answered (it lands, or a turn takes it in).
 NOTICE_CLEARED = '<p id="composer-notice" class="note composer-notice" role="status" hx-swap-oob="true"></p>'
@@ -668,6 +671,8 @@ class ChatFollower:
             out.append(Fragment(effects_fragment(session, self.user)))
         if kinds & BUDGET_MOVES:
             out.append(Fragment(budget_figures_fragment(session)))
+        if kinds & DOCUMENT_MOVES and (files := files_fragment(session, self.user)):
+            out.append(Fragment(files))
         return out
 
     def delta(self, step: int, text: str) -> str:
@@ -820,6 +825,20 @@ def budget_context(
         "can_drive": allowed(user, session, "drive"),
         "oob": oob,
     }
+
+
+def files_fragment(session: Session, user: Any) -> str:
+    """The files panel's count and list, swapped in place (the panel's open
+    state and its upload form are left as they are); nothing for a user
+    whose access ended meanwhile (the socket's own check closes it, 4403)."""
+    try:
+        files = workspace_files(user, session.id)
+    except (NotAllowed, UnknownSession):
+        return ""
+    context = {"session": session, "files": files, "oob": True}
+    return render_to_string("sessions/_files.html#files_count", context) + render_to_string(
+        "sessions/_files.html#files_list", context
+    )
 
 
 def budget_figures_fragment(session: Session) -> str:

@@ -1,7 +1,8 @@
 """Issue 34, point 3, in a real browser at 1280 and 375 px (daphne, its
 in-process worker, Debian's chromium): the side panel's files panel uploads
-a file (htmx, multipart), lists it with its version and writer, opens its
-page, and its download link answers with an attachment."""
+a file (htmx, multipart), lists it with its version and writer, shows what
+the agent writes and removes without a reload, opens its page, and its
+download link answers with an attachment."""
 
 from __future__ import annotations
 
@@ -63,6 +64,20 @@ def test_a_file_is_uploaded_listed_viewed_and_downloaded(
     table = page.locator("#files-table").bounding_box()
     assert table["x"] >= 0 and table["x"] + table["width"] <= width, table
     shot(page, f"files-panel-{width}.png")
+
+    # What the agent writes or removes shows up live (the page's socket swaps
+    # the list and the count), and the open panel stays open.
+    from sessions_app.runtime import documents
+
+    documents.write(session.id, "notes/plan.md", b"# Plan\n", by="agent")
+    written = page.locator("#files-table tbody tr").filter(has_text="notes/plan.md")
+    expect(written).to_have_count(1)
+    expect(written.locator("td").nth(3)).to_have_text("the agent")
+    expect(page.locator("#files-count .badge")).to_have_text("2")
+    expect(page.locator("#files details")).to_have_attribute("open", "")
+    documents.retire(session.id, "notes/plan.md", by="agent")
+    expect(written).to_have_count(0)
+    expect(page.locator("#files-count .badge")).to_have_text("1")
 
     # The download link answers with the bytes, as an attachment.
     href = row.locator("a.file-download").get_attribute("href")

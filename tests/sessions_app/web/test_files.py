@@ -334,3 +334,44 @@ def test_the_agent_reads_an_uploaded_file_on_its_next_turn(fake_llm: Any, owner:
     tool_messages = [m for m in sent if m["role"] == "tool"]
     assert tool_messages and uploaded in json.dumps(tool_messages[-1]["content"], ensure_ascii=False)
     assert [e["status"] for e in events(session, "turn/end")] == ["completed"]
+
+
+@pytest.mark.django_db
+def test_the_page_socket_swaps_the_files_count_and_list_when_a_document_moves(owner: Any, chat: Session) -> None:
+    from sessions_app.log.reads import event_frames
+    from sessions_app.web.present import ChatFollower
+
+    follower = ChatFollower(chat.id, owner)
+    after = Session.objects.get(id=chat.id).last_seq
+    documents.write(chat.id, "notes/plan.md", b"# Plan", by="agent")
+    fragments = [f.html for f in follower.events(event_frames(chat.id, after))]
+    (listing,) = [h for h in fragments if 'id="files-list"' in h]
+    (count,) = [h for h in fragments if 'id="files-count"' in h]
+    assert 'hx-swap-oob="true"' in listing and "notes/plan.md" in listing and "the agent" in listing
+    assert 'hx-swap-oob="true"' in count and '<span class="badge">1</span>' in count
+
+    after = Session.objects.get(id=chat.id).last_seq
+    documents.retire(chat.id, "notes/plan.md", by="agent")
+    fragments = [f.html for f in follower.events(event_frames(chat.id, after))]
+    (listing,) = [h for h in fragments if 'id="files-list"' in h]
+    assert "notes/plan.md" not in listing and "No files yet" in listing
+
+    # Events that move no document leave the panel alone.
+    after = Session.objects.get(id=chat.id).last_seq
+    services.inject(chat.id, "hello")
+    assert not [f for f in follower.events(event_frames(chat.id, after)) if 'id="files-list"' in f.html]
+
+
+@pytest.mark.django_db
+def test_a_follower_whose_access_ended_gets_no_files_fragment(owner: Any, make_user: Any, chat: Session) -> None:
+    from sessions_app.log.reads import event_frames
+    from sessions_app.web.present import ChatFollower, files_fragment
+
+    stranger = make_user("stranger")
+    assert files_fragment(chat, stranger) == ""  # a second user sees nothing of the first's files
+    follower = ChatFollower(chat.id, stranger)
+    after = Session.objects.get(id=chat.id).last_seq
+    documents.write(chat.id, "secret.txt", b"for the owner only", by="agent")
+    # The socket refuses such a user (4403) before any follower reads; one whose access ends
+    # mid-stream gets no panel swap from the batch that is already under way.
+    assert not [f for f in follower.events(event_frames(chat.id, after)) if 'id="files-list"' in f.html]
