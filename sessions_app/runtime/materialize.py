@@ -257,6 +257,14 @@ def owner_token(root: Path) -> str:
         return token
 
 
+def empty_scratch(purpose: str) -> Path:
+    """An empty directory of this process's under the host's scratch root
+    (an MCP workspace server's tool listing runs in one), named after its
+    owner token like a session's, so `sweep_orphans` removes a killed one."""
+    root = scratch_root()
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-{owner_token(root)}-", dir=root))
+
+
 def sweep_orphans(root: Path | None = None) -> int:
     """Remove the scratch directories of processes gone from this host (their
     owner token's lock is free) and their lock files; how many directories.
@@ -371,5 +379,5 @@ def close_idle_workspaces() -> int:
 
 
 def register_tools() -> None:
-    tool_documents.register_directories(ToolDirectory)
+    tool_documents.register_directories(ToolDirectory, empty_scratch)
     hooks.register_clock(close_idle_workspaces)

@@ -48,8 +48,12 @@ class Documents(Protocol):
 # A new Directory of a session's documents, written by `by` (e.g. "mcp:files").
 DirectoryFactory = Callable[[uuid.UUID, str], Directory]
 
+# A new empty directory of this process's, named for `purpose` (e.g. "mcp-list").
+EmptyFactory = Callable[[str], Path]
+
 _backend: Documents | None = None
 _directories: DirectoryFactory | None = None
+_empties: EmptyFactory | None = None
 
 
 def register(backend: Documents) -> None:
@@ -63,9 +67,9 @@ def store() -> Documents:
     return _backend
 
 
-def register_directories(factory: DirectoryFactory) -> None:
-    global _directories
-    _directories = factory
+def register_directories(factory: DirectoryFactory, empty: EmptyFactory) -> None:
+    global _directories, _empties
+    _directories, _empties = factory, empty
 
 
 def directory(session_id: uuid.UUID, by: str) -> Directory:
@@ -73,3 +77,11 @@ def directory(session_id: uuid.UUID, by: str) -> Directory:
     if _directories is None:
         raise ToolError("documents are not available as a directory in this process")
     return _directories(session_id, by)
+
+
+def empty_directory(purpose: str) -> Path:
+    """A new empty directory of this process's, under the host's scratch
+    root like every session's, so a killed process's is swept with theirs."""
+    if _empties is None:
+        raise ToolError("scratch directories are not available in this process")
+    return _empties(purpose)

@@ -39,7 +39,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -559,7 +558,7 @@ class MCPManager:
             return cfg.key
         with self._workspaces_lock:
             if self._listing_dir is None:
-                self._listing_dir = Path(tempfile.mkdtemp(prefix="terret-mcp-list-"))
+                self._listing_dir = documents.empty_directory("mcp-list")
             return cfg.key.at(self._listing_dir)
 
     def _workspace(self, cfg: ServerConfig, session_id: uuid.UUID) -> _Workspace:

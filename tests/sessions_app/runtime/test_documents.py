@@ -362,14 +362,18 @@ import sys, time, uuid
 import django
 django.setup()
 from sessions_app.runtime.materialize import open_scratch, scratch_root
+from sessions_app.tools import documents
 scratch = open_scratch(uuid.UUID(sys.argv[1]), root=scratch_root())
+listing = documents.empty_directory("mcp-list")  # an MCP workspace server's listing (tools/mcp.py)
 print(scratch.path, flush=True)
+print(listing, flush=True)
 time.sleep(600)
 """
 
 
-def _holder(session: Session, root: Path) -> tuple[Any, Path]:
-    """A process of its own holding a scratch directory of `session` under `root`."""
+def _holder(session: Session, root: Path) -> tuple[Any, Path, Path]:
+    """A process of its own holding a scratch directory of `session` under
+    `root`, and an empty one as its MCP manager lists a workspace server's tools in."""
     import subprocess
     import sys
 
@@ -383,7 +387,7 @@ def _holder(session: Session, root: Path) -> tuple[Any, Path]:
         text=True,
     )
     assert proc.stdout is not None
-    return proc, Path(proc.stdout.readline().strip())
+    return proc, Path(proc.stdout.readline().strip()), Path(proc.stdout.readline().strip())
 
 
 @pytest.mark.postgres  # the holders are processes of their own (tests/workers.py, worker_env)
@@ -397,14 +401,17 @@ def test_a_killed_processs_scratch_directories_are_swept_and_a_live_ones_are_not
 
     settings.TERRET_WORKSPACE_ROOT = str(tmp_path)
     documents.write(session.id, "notes/a.txt", b"private")
-    (dead, dead_dir), (alive, alive_dir) = _holder(session, tmp_path), _holder(session, tmp_path)
+    (dead, dead_dir, dead_list), (alive, alive_dir, alive_list) = _holder(session, tmp_path), _holder(session, tmp_path)
     own = open_scratch(session.id, root=tmp_path)  # this process's, alive too
     try:
         assert (dead_dir / "notes/a.txt").read_bytes() == b"private"
+        assert dead_list.parent == tmp_path and dead_list.is_dir()
         os.kill(dead.pid, signal.SIGKILL)
         dead.wait()
         sweep_round(at_start=False, wake=lambda sid: None)  # every worker's sweep, as it runs
         assert not dead_dir.exists()
+        assert not dead_list.exists()
+        assert alive_list.is_dir()
         assert (alive_dir / "notes/a.txt").read_bytes() == b"private"
         assert (own.path / "notes/a.txt").read_bytes() == b"private"
         owners = sorted(p.name for p in tmp_path.glob(".terret-owner-*"))
@@ -414,6 +421,7 @@ def test_a_killed_processs_scratch_directories_are_swept_and_a_live_ones_are_not
         alive.wait()
         sweep_round(at_start=False, wake=lambda sid: None)
         assert not alive_dir.exists()
+        assert not alive_list.exists()
         assert own.path.exists()
     finally:
         for proc in (dead, alive):

@@ -20,6 +20,7 @@ import pytest
 from sessions_app.errors import LeaseLost
 from sessions_app.models import Event, Session
 from sessions_app.runtime import documents, lease
+from sessions_app.runtime.materialize import owner_token
 from sessions_app.runtime.profiles import check_profile
 from sessions_app.tools import mcp
 from sessions_app.tools.base import ToolContext, ToolError
@@ -97,7 +98,7 @@ def test_the_servers_writes_are_documents_and_documents_reach_the_server(
 
 
 def test_two_sessions_never_see_each_others_files(
-    tools: Registry, session: Session, profile: Any, owner: Any, held: lease.Lease
+    tools: Registry, session: Session, profile: Any, owner: Any, held: lease.Lease, tmp_path: Path
 ) -> None:
     from sessions_app import services
 
@@ -120,7 +121,11 @@ def test_two_sessions_never_see_each_others_files(
         assert on_disk(other) == {"secret.txt": "session two's"}
         # one server process per session, each run in its own directory
         running = {k.cwd for k in mcp.manager()._connections if isinstance(k, mcp.ServerKey)}
-        assert running - {""} == {str(mine), str(theirs), str(mcp.manager()._listing_dir)}
+        listing = mcp.manager()._listing_dir
+        assert running - {""} == {str(mine), str(theirs), str(listing)}
+        # the listing's directory is this process's under the host's root, swept like the rest if it dies
+        assert listing is not None and listing.parent == mine.parent == tmp_path
+        assert listing.name.startswith(f"terret-docs-mcp-list-{owner_token(tmp_path)}-")
     finally:
         lease.keeper.drop(other_lease)
 
