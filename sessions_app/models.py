@@ -385,10 +385,22 @@ class EventQuerySet(models.QuerySet["Event"]):
         raise ImmutableEventError("events are append-only; bulk_update is refused")
 
 
+# The kinds a model step writes (its start and end, the reply, a call's
+# attempt and result): no index by kind holds them (Event.Meta).
+STEP_EVENT_KINDS = ("assistant/message", "step/end", "step/start", "tool/attempt", "tool/result")
+
+
 class Event(models.Model):
     # No index of its own: the unique (session, seq) index serves every
-    # lookup by session, and each index is one more write per event.
-    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="events", db_index=False)
+    # lookup by session, and each index is one more write per event. No
+    # constraint in PostgreSQL either (migration 0041): the one writer
+    # (log/backends) inserts events only from the session row its own
+    # statement has just updated, so the per-event check proved nothing more
+    # and cost a row lock on the session, a WAL record per append. A session
+    # is never deleted (PROTECT refuses it through the ORM).
+    session = models.ForeignKey(
+        Session, on_delete=models.PROTECT, related_name="events", db_index=False, db_constraint=False
+    )
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=64)
     data = models.JSONField(default=dict)
@@ -403,8 +415,19 @@ class Event(models.Model):
         ordering = ["session", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq_uniq")]
         # Latest-of-a-kind lookups (compaction, policy, title, model roles)
-        # walk this index backwards instead of scanning the log.
-        indexes = [models.Index(fields=["session", "kind", "seq"], name="event_session_kind_seq")]
+        # walk this index backwards instead of scanning the log. It leaves out
+        # the kinds every model step writes (STEP_EVENT_KINDS: most of a log),
+        # which a scan of the (session, seq) index finds within a few rows, so
+        # an append of one of them writes two index entries, not three. On
+        # SQLite the index is whole (migration 0040): its planner cannot match
+        # a partial index to a query's bound parameters.
+        indexes = [
+            models.Index(
+                fields=["session", "kind", "seq"],
+                name="event_rare_kind_seq",
+                condition=~models.Q(kind__in=STEP_EVENT_KINDS),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} {self.kind}"
