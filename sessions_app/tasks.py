@@ -207,5 +207,16 @@ def _drain(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _release_liveness(**_: Any) -> None:
-    # After the pool has finished its tasks: every lease was handed over.
+    # After the pool has finished its tasks: every lease was handed over. An
+    # owned task's supervision runs on a thread of its own, not in the pool:
+    # its settle (a receipt in the log) comes first, while the process is live.
+    left = supervise.wait_settled(SUPERVISIONS_SETTLE_SECONDS)
+    if left:
+        log.warning("shutdown: %d task supervisions still running; the reaper settles them", left)
     liveness.stop()
+
+
+# A supervision stops at its next poll (TERRET_TASK_POLL_SECONDS) once the
+# drain begins, so its settle needs well under this; the bound keeps a stuck
+# one from holding the shutdown.
+SUPERVISIONS_SETTLE_SECONDS = 10.0

@@ -218,47 +218,57 @@ def _usage_totals(usage: Json | None, *, step: bool, elsewhere: bool = False) ->
     return out
 
 
-_USAGE_DAY = "sessions_app_usageday"
-_USAGE_DAY_UPSERT = (
-    f"INSERT INTO {_USAGE_DAY} "
-    "(day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost) "
-    "SELECT s.day, s.profile_id, s.shard, %s, %s, %s, %s, %s FROM s WHERE true "
-    "ON CONFLICT (day, profile_id, shard) DO UPDATE SET "
-    f"steps = {_USAGE_DAY}.steps + excluded.steps, "
-    f"unpriced_entries = {_USAGE_DAY}.unpriced_entries + excluded.unpriced_entries, "
-    f"prompt_tokens = {_USAGE_DAY}.prompt_tokens + excluded.prompt_tokens, "
-    f"completion_tokens = {_USAGE_DAY}.completion_tokens + excluded.completion_tokens, "
-    f"cost = {_USAGE_DAY}.cost + excluded.cost"
-)
+class Tally(str):
+    """An extra write that adds to one row of a per-profile, per-UTC-day tally
+    table (the row of `s`'s day, profile and shard, and of `keys`), creating
+    it at the first. The string is the upsert, which both backends can run
+    (params: one per column, in order). `update` and `insert_unless` are
+    PostgreSQL's form (log/backends/postgres.py): an UPDATE first, and the
+    upsert only when it found no row. An upsert that finds its row locks it
+    before it updates it, one more WAL record; a tally row exists after the
+    first step of a shard's day, so the UPDATE is what runs."""
+
+    table: str
+    columns: tuple[str, ...]
+    keys: tuple[str, ...]
+    adds: tuple[str, ...]
+
+    def __new__(cls, table: str, columns: tuple[str, ...], keys: tuple[str, ...], adds: tuple[str, ...]) -> Tally:
+        conflict = ", ".join(("day", "profile_id", *keys, "shard"))
+        sets = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in adds)
+        text = (
+            f"INSERT INTO {table} (day, profile_id, shard, {', '.join(columns)}) "
+            f"SELECT s.day, s.profile_id, s.shard, {', '.join(['%s'] * len(columns))} FROM s WHERE true "
+            f"ON CONFLICT ({conflict}) DO UPDATE SET {sets}"
+        )
+        tally = super().__new__(cls, text)
+        tally.table, tally.columns, tally.keys, tally.adds = table, columns, keys, adds
+        return tally
+
+    @property
+    def update(self) -> str:
+        """The UPDATE of the existing row, RETURNING 1 if there was one; the same params as the upsert."""
+        sets = ", ".join(f"{c} = t.{c} + v.{c}" for c in self.adds)
+        match = [*(f"t.{k} = s.{k}" for k in ("day", "profile_id", "shard")), *(f"t.{k} = v.{k}" for k in self.keys)]
+        values = ", ".join(["%s"] * len(self.columns))
+        return (
+            f"UPDATE {self.table} AS t SET {sets} FROM s, (SELECT {values}) AS v({', '.join(self.columns)}) "
+            f"WHERE {' AND '.join(match)} RETURNING 1"
+        )
+
+    def insert_unless(self, updated: str) -> str:
+        """The upsert, writing nothing when the CTE `updated` (its update) returned a row."""
+        return self.replace("FROM s WHERE true", f"FROM s WHERE NOT EXISTS (SELECT 1 FROM {updated})", 1)
 
 
-_TURNS_DAY_UPSERT = (
-    f"INSERT INTO {_USAGE_DAY} "
-    "(day, profile_id, shard, steps, unpriced_entries, prompt_tokens, completion_tokens, cost, turns) "
-    "SELECT s.day, s.profile_id, s.shard, 0, 0, 0, 0, 0, 1 FROM s WHERE true "
-    f"ON CONFLICT (day, profile_id, shard) DO UPDATE SET turns = {_USAGE_DAY}.turns + 1"
-)
+_USAGE_COLUMNS = ("steps", "unpriced_entries", "prompt_tokens", "completion_tokens", "cost")
+_USAGE_DAY_UPSERT = Tally("sessions_app_usageday", _USAGE_COLUMNS, (), _USAGE_COLUMNS)
+_TURNS_DAY_UPSERT = Tally("sessions_app_usageday", (*_USAGE_COLUMNS, "turns"), (), ("turns",))
 # Turns ended by status and budget reason, and model requests by model, per
 # profile per UTC day (TurnTally, ModelTally: read by /metrics).
-_TURN_TALLY = "sessions_app_turntally"
-_TURN_TALLY_UPSERT = (
-    f"INSERT INTO {_TURN_TALLY} (day, profile_id, shard, status, reason, count) "
-    "SELECT s.day, s.profile_id, s.shard, %s, %s, 1 FROM s WHERE true "
-    f"ON CONFLICT (day, profile_id, status, reason, shard) DO UPDATE SET count = {_TURN_TALLY}.count + 1"
-)
-_MODEL_TALLY = "sessions_app_modeltally"
-_MODEL_SPEND_UPSERT = (
-    f"INSERT INTO {_MODEL_TALLY} "
-    "(day, profile_id, shard, model, requests, prompt_tokens, completion_tokens, cost, latency_ms, timed) "
-    "SELECT s.day, s.profile_id, s.shard, %s, %s, %s, %s, %s, %s, %s FROM s WHERE true "
-    "ON CONFLICT (day, profile_id, model, shard) DO UPDATE SET "
-    f"requests = {_MODEL_TALLY}.requests + excluded.requests, "
-    f"prompt_tokens = {_MODEL_TALLY}.prompt_tokens + excluded.prompt_tokens, "
-    f"completion_tokens = {_MODEL_TALLY}.completion_tokens + excluded.completion_tokens, "
-    f"cost = {_MODEL_TALLY}.cost + excluded.cost, "
-    f"latency_ms = {_MODEL_TALLY}.latency_ms + excluded.latency_ms, "
-    f"timed = {_MODEL_TALLY}.timed + excluded.timed"
-)
+_TURN_TALLY_UPSERT = Tally("sessions_app_turntally", ("status", "reason", "count"), ("status", "reason"), ("count",))
+_MODEL_SPEND_ADDS = ("requests", "prompt_tokens", "completion_tokens", "cost", "latency_ms", "timed")
+_MODEL_SPEND_UPSERT = Tally("sessions_app_modeltally", ("model", *_MODEL_SPEND_ADDS), ("model",), _MODEL_SPEND_ADDS)
 
 
 def _model_spend(data: Json) -> list[Assignment]:
@@ -278,7 +288,7 @@ def _model_spend(data: Json) -> list[Assignment]:
 def _turn_tally(data: Json) -> list[Assignment]:
     reason = data.get("reason")
     budget = reason.get("budget", "") if isinstance(reason, dict) else ""
-    return [(_TURN_TALLY_UPSERT, [data["status"], budget])]
+    return [(_TURN_TALLY_UPSERT, [data["status"], budget, 1])]
 
 
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
@@ -380,7 +390,7 @@ CATALOGUE: dict[str, Kind] = {
                 *_TURN_FRESH,
                 *([("agent_version = %s", [d["version"]["number"]])] if "version" in d else []),
             ],
-            lambda d: [(_TURNS_DAY_UPSERT, [])],
+            lambda d: [(_TURNS_DAY_UPSERT, [0, 0, 0, 0, Decimal(0), 1])],
         ),
         Kind(
             "turn/end",

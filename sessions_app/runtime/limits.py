@@ -43,6 +43,10 @@ cost budget counts the priced spend only. (Every new profile has both by
 default, TERRET_PROFILE_DAILY_*, so a profile on a model with no price is
 bounded by its tokens rather than stopped at its first request.)
 
+A profile's daily limits are its live row's at every check, whatever
+agent version the turn runs (runtime/versions.py): the day's spend is one
+pool for the sessions of every version.
+
 The checks read nothing when no budget applies: session limits are known
 from the lease claim's row (Driving.budgeted) and from the turn's view
 (budget/updated), profile limits from the profile, global ones from

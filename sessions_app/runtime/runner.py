@@ -163,11 +163,16 @@ class TurnRunner:
         return Outcome.SUSPENDED
 
     def over_budget(self) -> limits.Exceeded | None:
-        """The first budget the next model call would pass (runtime/limits.py)."""
+        """The first budget the next model call would pass (runtime/limits.py).
+        The profile's daily limits are its live row's (as claimed), as every
+        admission checks them, not the turn's version's: a day's spend is one
+        pool for every version's sessions, and a limit raised while input was
+        held lets that input's turn run, not refuse it at its first step."""
         budgeted = self.lease.driving.budgeted or self.view.budgeted
         pending = limits.buffered(self.outbox.buffer)  # the last step's tail rides the next commit
+        live = self.lease.driving.profile or self.profile
         return limits.check(
-            self.sid, self.profile, opening=False, budgeted=budgeted, pending=pending, parent=self.lease.driving.parent
+            self.sid, live, opening=False, budgeted=budgeted, pending=pending, parent=self.lease.driving.parent
         )
 
     # -- the turn

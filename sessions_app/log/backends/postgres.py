@@ -21,6 +21,7 @@ import psycopg
 from django.db import connection
 from psycopg.rows import dict_row
 
+from sessions_app.log.catalogue import Tally
 from sessions_app.log.records import WORKLOAD_COLUMNS
 from sessions_app.log.runs import EVENT_TABLE, SESSION_TABLE, SLOTS_WANTED, Run, tally_shard
 from sessions_app.log.sql import Sql
@@ -84,7 +85,11 @@ def append_run(run: Run) -> list[dict[str, Any]]:
         q.add("".join(f", {c}" for c in WORKLOAD_COLUMNS))
     q.add(")")
     for i, (sql, params) in enumerate(run.extras):
-        q.add(f", x{i} AS ({sql})", *params)
+        if isinstance(sql, Tally):  # its row's update, the upsert only for a new row
+            q.add(f", u{i} AS ({sql.update})", *params)
+            q.add(f", x{i} AS ({sql.insert_unless(f'u{i}')})", *params)
+        else:
+            q.add(f", x{i} AS ({sql})", *params)
     if not run.versions:  # every event at version 1: the column's default, one statement text
         q.add(
             f", ins AS (INSERT INTO {EVENT_TABLE} (session_id, seq, kind, data, created_at) "

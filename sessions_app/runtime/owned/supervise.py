@@ -45,9 +45,39 @@ logger = logging.getLogger(__name__)
 REAP_BATCH = 100
 
 
+_running: set[threading.Thread] = set()
+_running_lock = threading.Lock()
+
+
 def start(task_id: str) -> None:
     """Run the task on a thread of this process (a worker's, or the embedded one's)."""
-    threading.Thread(target=run_task, args=(task_id,), name=f"terret-task-{task_id[:8]}", daemon=True).start()
+    thread = threading.Thread(target=_supervise, args=(task_id,), name=f"terret-task-{task_id[:8]}", daemon=True)
+    with _running_lock:
+        _running.add(thread)
+    thread.start()
+
+
+def _supervise(task_id: str) -> None:
+    try:
+        run_task(task_id)
+    finally:
+        with _running_lock:
+            _running.discard(threading.current_thread())
+
+
+def wait_settled(timeout: float) -> int:
+    """At a worker's shutdown, after the drain began: wait (at most `timeout`
+    seconds in all) for this process's supervisions, which stop their work at
+    their next poll, to settle their tasks while the process still holds its
+    liveness lock; how many were still running after it. The threads are
+    daemons, so one that outlasts the bound is cut off with the process and
+    its task is the reaper's (held, or found unowned), as after a kill."""
+    deadline = time.monotonic() + timeout
+    with _running_lock:
+        threads = list(_running)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return sum(1 for thread in threads if thread.is_alive())
 
 
 def run_task(task_id: str) -> str:

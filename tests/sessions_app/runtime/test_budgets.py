@@ -185,6 +185,31 @@ def test_a_profiles_daily_budget_rolls_over_at_midnight_utc(
 
 
 @pytest.mark.usefixtures("manual_worker")
+def test_a_raised_daily_budget_lets_held_input_run_on_a_pinned_version(
+    fake_llm: Any, session: Session, profile: AgentProfile
+) -> None:
+    """A profile's daily budget is one pool for all its sessions, checked
+    against the live row by admission and by every step alike: a session
+    pinned to the version that had the lower limit runs its held input once
+    the limit is raised (its turn is not refused at its first step)."""
+    profile.upgrade_policy, profile.daily_cost_usd = "pinned", 0.001
+    profile.save()
+    fake_llm.script(Reply(text="one", usage=USAGE), Reply(text="two", usage=USAGE))
+    services.inject(session.id, "first", wake=True)
+    assert drive(session.id) == "ended"
+    pinned = Session.objects.get(id=session.id).agent_version
+    assert services.inject(session.id, "second", wake=True).disposition == "held"
+
+    profile.daily_cost_usd = 1
+    profile.save()  # a new version: the session stays on its own
+    assert drive(session.id) == "ended"
+    assert last_end(session)["status"] == "completed"
+    assert events(session, "user/message")[-1]["text"] == "second"
+    assert Session.objects.get(id=session.id).agent_version == pinned
+    assert requests(fake_llm) == 2
+
+
+@pytest.mark.usefixtures("manual_worker")
 def test_the_global_daily_budget_counts_every_session(
     fake_llm: Any, owner: Any, profile: AgentProfile, settings: Any
 ) -> None:

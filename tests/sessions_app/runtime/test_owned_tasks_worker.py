@@ -260,15 +260,19 @@ def test_stop_of_the_parent_reaches_a_subagents_command_its_group_dies_and_no_ma
 # --- SIGTERM and kill -9 elsewhere ---------------------------------------------------
 
 
+@pytest.mark.parametrize("failpoints", ["", "task_held:command=3"], ids=["at-once", "slow-settle"])
 def test_sigterm_of_the_supervising_worker_kills_the_group_and_settles_the_task(
-    start_worker: Any, fake_llm: Any, session: Session
+    start_worker: Any, fake_llm: Any, session: Session, failpoints: str
 ) -> None:
+    """A warm shutdown settles the task before the process goes. slow-settle:
+    3 s between the held outcome and its settle (a loaded machine's worst
+    case); the shutdown waits for it (tasks.SUPERVISIONS_SETTLE_SECONDS)."""
     fake_llm.script(
         start(["sh", "-c", "sleep 30; echo done > marker.txt"], background=True),
         Reply(text="started it"),
         Reply(text="it was stopped"),
     )
-    first = start_worker(name="a")
+    first = start_worker(name="a", TERRET_FAILPOINTS=failpoints) if failpoints else start_worker(name="a")
     services.inject(session.id, "run it in the background", wake=True)
     task = running(the_task(session))
     wait_for(lambda: turn_ends(session) == ["completed"], 10, "the first turn's end")
