@@ -375,7 +375,10 @@ def close_idle_workspaces() -> int:
     MCP SDK costs a worker half a second to import, and a process that never
     imported it runs no server."""
     mcp = sys.modules.get("sessions_app.tools.mcp")
-    return int(mcp.close_idle_workspaces()) if mcp is not None else 0
+    # The module is listed while another thread (the worker's warm-up) still
+    # runs its import: its function is not there yet, and nothing to close.
+    close = getattr(mcp, "close_idle_workspaces", None)
+    return int(close()) if close is not None else 0
 
 
 def register_tools() -> None:

@@ -429,3 +429,21 @@ def test_a_killed_processs_scratch_directories_are_swept_and_a_live_ones_are_not
                 proc.kill()
                 proc.wait()
         own.remove()
+
+
+def test_the_clock_skips_mcp_workspaces_while_the_module_is_still_being_imported(monkeypatch: Any) -> None:
+    """A worker's clock ticks while its warm-up thread imports tools/mcp.py
+    (the MCP SDK: half a second): the module is in sys.modules before its
+    functions are, and the tick closes nothing rather than failing."""
+    import sys
+    from types import ModuleType
+
+    from sessions_app.runtime import materialize
+
+    monkeypatch.setitem(sys.modules, "sessions_app.tools.mcp", ModuleType("sessions_app.tools.mcp"))
+    assert materialize.close_idle_workspaces() == 0
+    closed: list[int] = []
+    done = ModuleType("sessions_app.tools.mcp")
+    done.close_idle_workspaces = lambda: closed.append(1) or 2  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sessions_app.tools.mcp", done)
+    assert materialize.close_idle_workspaces() == 2 and closed == [1]
