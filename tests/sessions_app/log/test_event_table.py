@@ -151,3 +151,31 @@ def test_postgres_refuses_to_delete_a_session_that_has_events(make_session: Any)
         cur.execute("DELETE FROM sessions_app_session WHERE id = %s", [empty.id])
     assert Session.objects.filter(id=kept.id).exists() and not Session.objects.filter(id=empty.id).exists()
     assert Event.objects.filter(session_id=kept.id).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_rebuilds_an_index_that_a_cut_off_run_left_invalid() -> None:
+    """CREATE INDEX CONCURRENTLY cut off half-way leaves an invalid index of
+    the new name: a second run builds it afresh (IF NOT EXISTS alone would
+    keep it, and drop the old one)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, latest = ("sessions_app", "0039_monitor_bounds"), ("sessions_app", "0041_event_session_no_constraint")
+    MigrationExecutor(connection).migrate([before])
+    try:
+        with connection.cursor() as cur:
+            cur.execute(f"CREATE INDEX event_rare_kind_seq ON {TABLE} (session_id, kind, seq) WHERE kind = 'x'")
+            cur.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'event_rare_kind_seq'::regclass")
+    finally:
+        MigrationExecutor(connection).migrate([latest])
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
+            [TABLE],
+        )
+        found = {name: (valid, definition) for name, valid, definition in cur.fetchall()}
+    assert set(found) == {"sessions_app_event_pkey", "event_session_seq_uniq", "event_rare_kind_seq"}
+    valid, definition = found["event_rare_kind_seq"]
+    assert valid and "'step/start'" in definition and "'x'" not in definition, definition
