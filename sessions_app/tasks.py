@@ -219,4 +219,4 @@ def _release_liveness(**_: Any) -> None:
 # A supervision stops at its next poll (TERRET_TASK_POLL_SECONDS) once the
 # drain begins, so its settle needs well under this; the bound keeps a stuck
 # one from holding the shutdown.
-SUPERVISIONS_SETTLE_SECONDS = 10.0
+SUPERVISIONS_SETTLE_SECONDS = 5.0

@@ -25,6 +25,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -51,27 +53,29 @@ _running_lock = threading.Lock()
 
 def start(task_id: str) -> None:
     """Run the task on a thread of this process (a worker's, or the embedded one's)."""
-    thread = threading.Thread(target=_supervise, args=(task_id,), name=f"terret-task-{task_id[:8]}", daemon=True)
+    threading.Thread(target=run_task, args=(task_id,), name=f"terret-task-{task_id[:8]}", daemon=True).start()
+
+
+@contextmanager
+def _supervising() -> Iterator[None]:
+    thread = threading.current_thread()
     with _running_lock:
         _running.add(thread)
-    thread.start()
-
-
-def _supervise(task_id: str) -> None:
     try:
-        run_task(task_id)
+        yield
     finally:
         with _running_lock:
-            _running.discard(threading.current_thread())
+            _running.discard(thread)
 
 
 def wait_settled(timeout: float) -> int:
     """At a worker's shutdown, after the drain began: wait (at most `timeout`
-    seconds in all) for this process's supervisions, which stop their work at
-    their next poll, to settle their tasks while the process still holds its
-    liveness lock; how many were still running after it. The threads are
-    daemons, so one that outlasts the bound is cut off with the process and
-    its task is the reaper's (held, or found unowned), as after a kill."""
+    seconds in all) for this process's supervisions of claimed tasks, which
+    stop their work at their next poll, to settle them while the process
+    still holds its liveness lock; how many were still running after it. A
+    task not claimed yet is not waited for (nothing of it is held here). The
+    threads are daemons, so one that outlasts the bound is cut off with the
+    process and its task is the reaper's (held, or found unowned), as after a kill."""
     deadline = time.monotonic() + timeout
     with _running_lock:
         threads = list(_running)
@@ -87,7 +91,8 @@ def run_task(task_id: str) -> str:
         claim = store.claim(task_id)
         if claim is None:
             return "not claimed"
-        return _run(claim)
+        with _supervising():
+            return _run(claim)
     except Exception:
         logger.exception("task %s failed in its supervisor", task_id)
         return "error"
