@@ -144,7 +144,15 @@ if ((have_pg)); then
 
     redis_env=REDIS_URL= redis_name="no Redis"
     if ((have_redis)); then redis_env=REDIS_URL=$RD_URL redis_name="Redis ($RD_URL)"; fi
+    # Pass 1 waits on worker processes, servers and browsers more than it
+    # computes: pytest-xdist runs it in TERRET_TEST_PROCESSES processes (2 by
+    # default; 0 runs it in this one), each with its own test database and
+    # its own Redis queue and channel prefix (terret_site/settings.py).
+    # `--dist load` hands out tests in order, so the browser tests, sorted
+    # last (tests/conftest.py), run after every other test of their process.
+    procs=${TERRET_TEST_PROCESSES:-2}
     PYTEST_ARGS=(-m "not chaos" "$@")
+    ((procs > 0)) && PYTEST_ARGS+=(-n "$procs" --dist load)
     # CI prints the pass's slowest tests, where the time budget (45 minutes) goes.
     ((IN_CI)) && PYTEST_ARGS+=(--durations=25)
     run_pass "pass 1: PostgreSQL ($PG_URL), $redis_name" DATABASE_URL="$PG_URL" "$redis_env"

@@ -173,7 +173,14 @@ if TERRET_WORKER not in {"celery", "inprocess", "manual"}:
 if TERRET_WORKER == "celery" and not REDIS_URL:
     raise ImproperlyConfigured("TERRET_WORKER=celery needs REDIS_URL")
 
-CHANNEL_PREFIX = env_str("TERRET_CHANNEL_PREFIX", "terret") or "terret"
+# pytest-xdist runs the suite in several processes against one Redis (each
+# with its own test database): each takes its own channel prefix and queue,
+# so one process's workers never take another's wake-ups. Only the pytest
+# process itself adds it: the servers and workers it starts inherit the
+# variable but are handed the suffixed names (tests/workers.py).
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "") if "pytest" in sys.modules else ""
+_XDIST = f"-{_XDIST}" if _XDIST else ""
+CHANNEL_PREFIX = (env_str("TERRET_CHANNEL_PREFIX", "terret") or "terret") + _XDIST
 if REDIS_URL:
     # Redis pub/sub: a group send is one PUBLISH, and each process subscribes
     # once per group and fans out in memory. Delivery is at-most-once, which
@@ -212,7 +219,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # wake-ups of long turns. Recovery of dead workers does not wait for this: the
 # lease sweep (TERRET_LEASE_SECONDS) resumes expired turns much sooner.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TERRET_VISIBILITY_TIMEOUT", 3600, minimum=60)}
-CELERY_TASK_DEFAULT_QUEUE = env_str("TERRET_QUEUE", "terret") or "terret"
+CELERY_TASK_DEFAULT_QUEUE = (env_str("TERRET_QUEUE", "terret") or "terret") + _XDIST
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Reconnect to a returning broker within a second, not kombu's 2..30 s waits.

@@ -41,7 +41,7 @@ print(json.dumps({
 """
 
 
-def configure(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def configure(tmp_path: Path, code: str = CHILD, **env: str) -> subprocess.CompletedProcess[str]:
     base = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/root"),
@@ -50,7 +50,7 @@ def configure(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         "TERRET_VAR_DIR": str(tmp_path / "var"),
     }
     return subprocess.run(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env={**base, **env},
         capture_output=True,
@@ -59,8 +59,8 @@ def configure(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def ok(tmp_path: Path, **env: str) -> dict[str, Any]:
-    result = configure(tmp_path, **env)
+def ok(tmp_path: Path, code: str = CHILD, **env: str) -> dict[str, Any]:
+    result = configure(tmp_path, code, **env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -101,6 +101,25 @@ def test_redis_url_switches_to_channels_redis_and_celery(tmp_path: Path) -> None
     assert got["worker"] == "celery"
     assert got["broker"] == "redis://127.0.0.1:6379/5"
     assert got["queue"] == "q1"
+
+
+def test_each_xdist_test_process_takes_its_own_queue_and_prefix(tmp_path: Path) -> None:
+    """pytest-xdist's processes share one Redis: each suffixes the queue and
+    the channel prefix with its name. A worker or server such a process
+    starts inherits the variable but keeps the names it is handed."""
+    env = {
+        "SECRET_KEY": "k" * 50,
+        "REDIS_URL": "redis://127.0.0.1:6379/5",
+        "TERRET_CHANNEL_PREFIX": "p1",
+        "TERRET_QUEUE": "q1",
+        "PYTEST_XDIST_WORKER": "gw1",
+    }
+    in_pytest = ok(tmp_path, "import pytest\n" + CHILD, **env)
+    assert (in_pytest["queue"], in_pytest["layer_prefix"]) == ("q1-gw1", "p1-gw1")
+    started_by_it = ok(tmp_path, **env)
+    assert (started_by_it["queue"], started_by_it["layer_prefix"]) == ("q1", "p1")
+    alone = ok(tmp_path, "import pytest\n" + CHILD, **{k: v for k, v in env.items() if k != "PYTEST_XDIST_WORKER"})
+    assert (alone["queue"], alone["layer_prefix"]) == ("q1", "p1")
 
 
 def test_the_broker_transport_keeps_tls_for_rediss(tmp_path: Path) -> None:
@@ -218,6 +237,7 @@ def _variables_read_by_settings() -> set[str]:
         names.update(re.findall(_READERS, text))
         names.update(re.findall(r"os\.environ(?:\.get)?[\[(]\s*\"([A-Z][A-Z0-9_]*)\"", text))
     names.discard("DJANGO_SETTINGS_MODULE")  # set by manage.py/asgi.py, not by operators
+    names.discard("PYTEST_XDIST_WORKER")  # set by pytest-xdist in its test processes, read only there
     return names
 
 

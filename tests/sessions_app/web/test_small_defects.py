@@ -18,13 +18,15 @@ from tests.helpers import client_for
 
 pytestmark = [pytest.mark.django_db]
 
+NO_SUCH = uuid.UUID("5b0c8f4e-2d1a-4e7b-9c3d-000000000404")
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 @override_settings(DEBUG=True)
 @pytest.mark.parametrize(
     "path",
-    [f"/sessions/{uuid.uuid4()}/", "/sessions/not-a-session/", f"/sessions/{uuid.uuid4()}/context/", "/no/such/page/"],
+    # A fixed id: pytest-xdist's processes must collect the same test names.
+    [f"/sessions/{NO_SUCH}/", "/sessions/not-a-session/", f"/sessions/{NO_SUCH}/context/", "/no/such/page/"],
 )
 def test_with_debug_on_an_unknown_session_gets_the_styled_404(owner: Any, path: str) -> None:
     r = client_for(owner).get(path)
