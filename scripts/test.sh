@@ -3,8 +3,10 @@
 # e.g. `scripts/test.sh -k append -x`.
 #
 # Pass 1, PostgreSQL: the whole suite against DATABASE_URL (default
-#   postgres://root@127.0.0.1:5432/test; pytest-django creates test_<name>),
-#   with REDIS_URL (default redis://127.0.0.1:6379/0) when Redis answers.
+#   postgres://root@127.0.0.1:5432/test), with REDIS_URL (default
+#   redis://127.0.0.1:6379/0) when Redis answers; in TERRET_TEST_PROCESSES
+#   pytest-xdist processes (default 2, 0 for one), pytest-django creating
+#   test_<name>_gw0, test_<name>_gw1, ... (test_<name> with 0).
 # Pass 2, SQLite: the embedded path (no DATABASE_URL, no REDIS_URL): the
 #   tests marked `embedded` plus every test that needs no service. When
 #   PostgreSQL is down this pass runs the whole suite instead, so the
@@ -25,6 +27,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 if [[ ! -x $PY ]]; then
     echo "test.sh: $PY not found; run 'make venv' (or 'make test', which does)" >&2
+    exit 2
+fi
+
+PROCS=${TERRET_TEST_PROCESSES:-2}
+if [[ ! $PROCS =~ ^[0-9]+$ ]]; then
+    echo "test.sh: TERRET_TEST_PROCESSES=$PROCS must be a whole number (0 runs the PostgreSQL pass in one process)" >&2
     exit 2
 fi
 
@@ -150,9 +158,8 @@ if ((have_pg)); then
     # its own Redis queue and channel prefix (terret_site/settings.py).
     # `--dist load` hands out tests in order, so the browser tests, sorted
     # last (tests/conftest.py), run after every other test of their process.
-    procs=${TERRET_TEST_PROCESSES:-2}
     PYTEST_ARGS=(-m "not chaos" "$@")
-    ((procs > 0)) && PYTEST_ARGS+=(-n "$procs" --dist load)
+    ((PROCS > 0)) && PYTEST_ARGS+=(-n "$PROCS" --dist load)
     # CI prints the pass's slowest tests, where the time budget (45 minutes) goes.
     ((IN_CI)) && PYTEST_ARGS+=(--durations=25)
     run_pass "pass 1: PostgreSQL ($PG_URL), $redis_name" DATABASE_URL="$PG_URL" "$redis_env"

@@ -178,8 +178,8 @@ if TERRET_WORKER == "celery" and not REDIS_URL:
 # so one process's workers never take another's wake-ups. Only the pytest
 # process itself adds it: the servers and workers it starts inherit the
 # variable but are handed the suffixed names (tests/workers.py).
-_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "") if "pytest" in sys.modules else ""
-_XDIST = f"-{_XDIST}" if _XDIST else ""
+_XDIST_NAME = os.environ.get("PYTEST_XDIST_WORKER") if "pytest" in sys.modules else None
+_XDIST = f"-{_XDIST_NAME}" if _XDIST_NAME else ""
 CHANNEL_PREFIX = (env_str("TERRET_CHANNEL_PREFIX", "terret") or "terret") + _XDIST
 if REDIS_URL:
     # Redis pub/sub: a group send is one PUBLISH, and each process subscribes
