@@ -44,11 +44,24 @@ OFFER_BATCH = 64
 REAP_BATCH = 100
 
 
-def _lock() -> None:
-    # The cap is a check-then-act across rows: serialize every spawn and disposal.
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
+def _lock(*, wait: bool = True) -> bool:
+    """Take the registry lock for this transaction; with wait=False only if it
+    is free (False: another process holds it). The cap is a check-then-act
+    across rows: every spawn and disposal is serialized.
+
+    The sweep's housekeeping (reaping, offering slots) does not wait: it
+    runs in every worker every round, and a holder that stops between its
+    lock and its commit (SIGSTOP, a frozen VM) would otherwise stall every
+    other worker's sweep behind it, and with it the wake-ups the sweep
+    exists to resend. The next round tries again."""
+    if connection.vendor != "postgresql":
+        return True  # SQLite: IMMEDIATE transactions serialize writers anyway
+    with connection.cursor() as cur:
+        if wait:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [REGISTRY_LOCK])
+            return True
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [REGISTRY_LOCK])
+        return bool(cur.fetchone()[0])
 
 
 def lease_live(row: dict[str, Any]) -> bool:
@@ -174,11 +187,13 @@ def _evict_one(*, exclude: uuid.UUID) -> bool:
 
 
 def reap_idle() -> int:
-    """Dispose agents idle for longer than TERRET_AGENT_IDLE_SECONDS; returns how many."""
+    """Dispose agents idle for longer than TERRET_AGENT_IDLE_SECONDS; returns
+    how many. The sweep's: it skips a round when the registry lock is held."""
     cutoff = timezone.now() - timedelta(seconds=settings.TERRET_AGENT_IDLE_SECONDS)
     done = 0
     with transaction.atomic():
-        _lock()
+        if not _lock(wait=False):
+            return 0
         for agent in _idle_agents().filter(session__last_event_at__lt=cutoff)[:REAP_BATCH]:
             done += _dispose(agent, "idle")
     return done
@@ -188,15 +203,17 @@ def has_waiting() -> bool:
     return Session.objects.filter(waiting_seq__isnull=False).exists()
 
 
-def offer_slots(limit: int = OFFER_BATCH) -> list[str]:
+def offer_slots(limit: int = OFFER_BATCH, *, wait: bool = True) -> list[str]:
     """Spawn agents for waiting sessions, oldest first, while a slot is free
     or can be freed by evicting an idle agent; returns their ids, for the
-    caller to wake (the slot is theirs now: no other waker takes it)."""
+    caller to wake (the slot is theirs now: no other waker takes it).
+    wait=False (the sweep): none when the registry lock is held."""
     if not has_waiting():
         return []
     offered: list[str] = []
     with transaction.atomic():
-        _lock()
+        if not _lock(wait=wait):
+            return []
         free = settings.TERRET_MAX_AGENTS - Agent.objects.count()
         waiting = Session.objects.select_related("profile").filter(waiting_seq__isnull=False, agent__isnull=True)
         for session in waiting.order_by("last_event_at")[:limit]:

@@ -165,7 +165,7 @@ def sweep_round(*, at_start: bool, wake: Callable[[str], None]) -> None:
         ("offering owed follow-ups", owed),
         ("re-driving turns this code reads again", codever.readable_again),
         ("reaping idle agents", _reap),
-        ("offering agent slots", registry.offer_slots),
+        ("offering agent slots", lambda: registry.offer_slots(wait=False)),
         ("reporting stalled turns", progress.report_stalls),
         ("auditing effect ledgers", _audit_effects),
         ("moving quiet sessions' storage", storage.move_quiet),

@@ -3,9 +3,13 @@ waiting for a slot, idle disposal and respawn (runtime/registry.py)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import connection
 
 from sessions_app import log, services
 from sessions_app.errors import AgentBusy
@@ -13,8 +17,10 @@ from sessions_app.log.reads import waiting_info
 from sessions_app.models import Agent, AgentProfile, Session
 from sessions_app.runtime import registry
 from sessions_app.runtime.drive import drive
+from sessions_app.runtime.sweep import sweep_round
 from tests.fakes.fake_llm import Reply
 from tests.helpers import events, kinds
+from tests.workers import test_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -190,3 +196,63 @@ def test_dispose_only_when_idle(fresh: Any) -> None:
     with pytest.raises(AgentBusy):
         services.dispose_agent(agent.agent_id, by="ops")
     assert Agent.objects.filter(pk=agent.pk).exists()
+
+
+class FrozenHolder:
+    """Another process's connection that takes the registry lock inside a
+    transaction and then stops before its commit, as a worker stopped
+    (SIGSTOP, a frozen VM) between its lock and its commit leaves it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def hold(self) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [registry.REGISTRY_LOCK])
+
+    def resume(self) -> None:
+        self.conn.commit()
+
+
+@pytest.fixture
+def frozen_holder() -> Iterator[FrozenHolder]:
+    if connection.vendor != "postgresql":
+        pytest.skip("the registry lock is PostgreSQL's; SQLite's IMMEDIATE transactions serialize writers")
+    with psycopg.connect(test_database_url()) as conn:
+        holder = FrozenHolder(conn)
+        try:
+            yield holder
+        finally:
+            holder.resume()
+
+
+def test_the_sweep_goes_on_past_a_registry_lock_a_stopped_process_holds(
+    fake_llm: Any, fresh: Any, settings: Any, frozen_holder: FrozenHolder
+) -> None:
+    settings.TERRET_MAX_AGENTS = 1
+    settings.TERRET_AGENT_IDLE_SECONDS = 0
+    busy, waiting, stray = fresh(), fresh(), fresh()
+    registry.spawn(busy, busy.profile)  # type: ignore[arg-type]
+    log.append(busy.id, "turn/start", {})
+    services.inject(waiting.id, "my turn?", wake=True)
+    assert drive(waiting.id) == "waiting"
+    log.append(busy.id, "turn/end", {"status": "completed"})  # its agent is idle now: reapable, evictable
+    services.inject(stray.id, "nobody drives me", wake=True)  # an open turn no wake-up reached
+    frozen_holder.hold()
+
+    woken: list[str] = []
+    round_ = threading.Thread(target=sweep_round, kwargs={"at_start": True, "wake": woken.append}, daemon=True)
+    round_.start()
+    round_.join(timeout=10)
+    try:
+        assert not round_.is_alive(), "the sweep round waited on the registry lock"
+        assert woken == [str(stray.id)]  # the unowned turn is woken; no slot was offered
+        assert Agent.objects.filter(session=busy).exists()  # nothing reaped under another's lock
+    finally:
+        frozen_holder.resume()
+        round_.join(timeout=10)
+
+    woken.clear()
+    sweep_round(at_start=False, wake=woken.append)
+    assert events(busy, "agent/disposed") == [{"agent_id": f"t-{busy.id.hex[:12]}", "reason": "idle"}]
+    assert woken == [str(waiting.id)]  # the freed slot, offered the same round
+    assert Agent.objects.filter(session=waiting).exists()
