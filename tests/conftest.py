@@ -179,10 +179,17 @@ def fake_llm(settings: Any) -> Any:
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Any:
     """After the run, end connections other threads or killed worker processes
-    left on the test database, so pytest-django can drop it."""
+    left on the test database, so pytest-django can drop it. First this
+    process's own background threads (the embedded sweeper, clock and sender
+    that importing terret_site.asgi starts) are told to drain, as a stopping
+    process tells them: they would otherwise go on querying a database that
+    is gone, and log it while the interpreter exits."""
     yield
     from django.db import connection
 
+    from sessions_app.runtime import lifecycle
+
+    lifecycle.draining.set()
     with django_db_blocker.unblock():
         if connection.vendor == "postgresql":
             with connection.cursor() as cur:

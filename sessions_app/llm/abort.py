@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 CANCELLED = "cancelled"
 DEADLINE = "deadline"
+SUPERSEDED = "superseded"  # the caller's lease moved on: nothing it would write can land
 
 
 class Abort:
@@ -24,7 +25,7 @@ class Abort:
         self.reason = ""
 
     def set(self, reason: str) -> None:
-        """Stop the call for `reason` (CANCELLED, DEADLINE); the first reason wins."""
+        """Stop the call for `reason` (CANCELLED, DEADLINE, SUPERSEDED); the first reason wins."""
         with self._lock:
             if self._event.is_set():
                 return

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from sessions_app.errors import InvalidPayload, LeaseLost, SessionNotFound, TurnAlreadyOpen, UnknownEventKind
@@ -214,6 +215,23 @@ class SessionTx:
         self.appended.append(event)
         transaction.on_commit(lambda: fanout.after_commit([event]), robust=True)
         return event
+
+    def fence_out(self) -> bool:
+        """Supersede the lease, for a caller about to act on the open turn
+        because no live lease covers it (a cancel or an operator closing it,
+        an upgrade moving it). A lease that lapsed still has its generation,
+        and its holder may still be running (a late keeper, a stalled
+        process): a fenced append re-checks only the generation, so without
+        this it would append to a turn closed under it. Bumping the
+        generation makes the holder's next append, renewal and release fail
+        (LeaseLost). False (nothing written): no holder, the lease was
+        released."""
+        if not self.row["lease_owner"]:
+            return False
+        released = {"lease_owner": "", "lease_expires_at": None, "lease_process": None}  # runs.RELEASE_SET
+        Session.objects.filter(id=self.session_id).update(lease_gen=F("lease_gen") + 1, **released)
+        self.row.update(lease_gen=self.row["lease_gen"] + 1, lease_owner="", lease_expires_at=None)
+        return True
 
 
 @contextmanager

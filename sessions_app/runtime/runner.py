@@ -452,7 +452,8 @@ class TurnRunner:
         try:
             # The role's capability decides whether a tool's images reach the model as images.
             messages = for_model(messages, images=accepts_images(self.profile, "main"))
-            with stop_watch.watching(self.sid, Abort()) as abort, tracing.chat(self.sid, spec, step) as traced:
+            watched = stop_watch.watching(self.sid, Abort(), self.lease.gen)
+            with watched as abort, tracing.chat(self.sid, spec, step) as traced:
                 return traced.replied(get_adapter(spec).complete(spec, messages, tools, on_delta=on_delta, abort=abort))
         finally:
             kept.close()

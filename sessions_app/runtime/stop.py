@@ -8,6 +8,11 @@ TERRET_CANCEL_POLL_SECONDS (one indexed read for all of them) and sets each
 cancelled call's Abort, which interrupts the stream at once (llm/abort.py).
 Polling the database, not a broker, keeps Stop working on the embedded
 path and through a Redis outage.
+
+The same read stops a call whose lease generation moved on (SUPERSEDED):
+another worker took the session over, or a cancel or an operator closed
+the turn after the lease lapsed (SessionTx.fence_out). Nothing the call
+would write can land, so streaming on would only spend tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.db import connection
 
-from sessions_app.llm.abort import CANCELLED, Abort
+from sessions_app.llm.abort import CANCELLED, SUPERSEDED, Abort
 from sessions_app.models import Session
 
 logger = logging.getLogger(__name__)
@@ -30,17 +35,19 @@ logger = logging.getLogger(__name__)
 class _StopWatch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[uuid.UUID, Abort]] = {}
+        self._calls: dict[int, tuple[uuid.UUID, Abort, int | None]] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
-    def watching(self, session_id: uuid.UUID, abort: Abort) -> Iterator[Abort]:
-        """Set `abort` (CANCELLED) if the session's turn is cancelled while the block runs."""
+    def watching(self, session_id: uuid.UUID, abort: Abort, gen: int | None = None) -> Iterator[Abort]:
+        """Set `abort` if the session's turn is cancelled (CANCELLED) or, given
+        the caller's lease generation `gen`, the lease moves on (SUPERSEDED)
+        while the block runs."""
         key = id(abort)
         with self._lock:
             idle = not self._calls
-            self._calls[key] = (session_id, abort)
+            self._calls[key] = (session_id, abort, gen)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="terret-stop-watch", daemon=True)
                 self._thread.start()
@@ -74,12 +81,16 @@ class _StopWatch:
             finally:
                 connection.close()
 
-    def _poll(self, calls: list[tuple[uuid.UUID, Abort]]) -> None:
-        ids = {sid for sid, _ in calls}
-        cancelled = set(Session.objects.filter(id__in=ids, cancel_seq__isnull=False).values_list("id", flat=True))
-        for sid, abort in calls:
-            if sid in cancelled:
+    def _poll(self, calls: list[tuple[uuid.UUID, Abort, int | None]]) -> None:
+        ids = {sid for sid, _, _ in calls}
+        rows = Session.objects.filter(id__in=ids).values_list("id", "cancel_seq", "lease_gen")
+        now = {sid: (cancel_seq, lease_gen) for sid, cancel_seq, lease_gen in rows}
+        for sid, abort, gen in calls:
+            cancel_seq, lease_gen = now.get(sid, (None, gen))
+            if cancel_seq is not None:
                 abort.set(CANCELLED)
+            elif gen is not None and lease_gen != gen:
+                abort.set(SUPERSEDED)
 
 
 stop_watch = _StopWatch()

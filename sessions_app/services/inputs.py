@@ -421,9 +421,12 @@ def _cancel_in(tx: log.SessionTx, by: str, *, stop_all: bool = False) -> bool:
         return True
     if mine.exists():
         return True  # parked on them: their cancelled receipts wake the turn, which then closes
+    lapsed = tx.fence_out()
     seen = events + [LoggedEvent(e.seq, e.kind, e.data) for e in tx.appended]
     for kind, data in closing_entries(seen, "cancelled", by=by):
         tx.append(kind, data)
+    if lapsed:
+        dispatch.wake(tx.session_id)  # what its holder would have driven next (deferred input) gets a driver
     return True
 
 

@@ -134,9 +134,12 @@ def abandon(session_id: uuid.UUID | str, *, by: str, reason: str = "") -> None:
             raise NotAbandonable(f"session {tx.session_id} has no blocked turn")
         if lease_live(tx.row):
             raise NotAbandonable(f"a worker holds session {tx.session_id}; retry or cancel it instead")
+        lapsed = tx.fence_out()
         error = f"abandoned by {by}" + (f": {reason}" if reason else "")
         for kind, data in closing_entries(turn_events(tx.session_id, turn_seq), "failed", error=error, by=by):
             tx.append(kind, data)
+        if lapsed:
+            dispatch.wake(tx.session_id)
         _record(by, "abandon", "session", str(tx.session_id), reason)
 
 

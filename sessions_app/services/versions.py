@@ -15,7 +15,7 @@ from sessions_app import log
 from sessions_app.errors import InvalidInput, NoProfile, UpgradeRefused
 from sessions_app.log.reads import turn_events
 from sessions_app.models import AgentProfile, AgentVersion, Session
-from sessions_app.runtime import versions
+from sessions_app.runtime import dispatch, versions
 from sessions_app.runtime.registry import lease_live
 
 
@@ -69,6 +69,8 @@ def upgrade(session_id: uuid.UUID | str, to: int | None, *, by: str) -> versions
         reasons = _preflight(tx, current, target)
         if reasons:
             raise UpgradeRefused(f"the upgrade to version {target.number} would strand work", reasons=reasons)
+        if tx.row["open_turn_seq"] is not None and tx.fence_out():
+            dispatch.wake(tx.session_id)  # a lapsed holder drives no more of it under the old version
         tx.append("session/upgraded", versions.upgraded(profile_id, current, target, by))
     return target
 

@@ -18,9 +18,9 @@ from sessions_app.models import Agent, AgentProfile, Session
 from sessions_app.runtime import registry
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.sweep import sweep_round
+from tests import workers
 from tests.fakes.fake_llm import Reply
 from tests.helpers import events, kinds
-from tests.workers import test_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("manual_worker")]
 
@@ -217,7 +217,7 @@ class FrozenHolder:
 def frozen_holder() -> Iterator[FrozenHolder]:
     if connection.vendor != "postgresql":
         pytest.skip("the registry lock is PostgreSQL's; SQLite's IMMEDIATE transactions serialize writers")
-    with psycopg.connect(test_database_url()) as conn:
+    with psycopg.connect(workers.test_database_url()) as conn:
         holder = FrozenHolder(conn)
         try:
             yield holder

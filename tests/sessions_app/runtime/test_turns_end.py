@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.errors import NotBlocked
-from sessions_app.models import AgentProfile, Session
+from sessions_app.models import AgentProfile, Event, Session
 from sessions_app.runtime import documents, hooks
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.storable import CUT_MARK
+from tests.chaos.invariants import Ev, log_problems
 from tests.fakes.fake_llm import Reply
 from tests.helpers import events, kinds
 
@@ -279,6 +282,32 @@ def test_cancel_of_a_turn_no_worker_holds_closes_it_at_once(fake_llm: Any, sessi
     assert session.status == "idle" and session.cancel_seq is None
     assert drive(session.id) == "idle"
     assert fake_llm.requests == []
+
+
+def test_a_cancel_after_the_lease_lapsed_ends_the_turn_once_and_fences_out_its_holder(
+    fake_llm: Any, session: Session, settings: Any
+) -> None:
+    """The holder's keeper fell behind (its lease lapsed) while it streams.
+    Stop closes the turn itself, as for a turn no worker holds, and the
+    holder appends nothing more: without the fence-out it streamed on and
+    appended a second step/end and turn/end (seen under load in CI). Its
+    stop watch sees the lease move on and stops the stream within a poll."""
+    settings.TERRET_CANCEL_POLL_SECONDS = 0.1
+    fake_llm.script(Reply(text="word " * 80, chunk_delay=0.05))  # about 4 s of streaming
+    services.run_turn(session.id, "talk")
+    worker, outcome = drive_while_streaming(session, fake_llm, streamed=0.5)
+    Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    cancelled_at = time.monotonic()
+    assert services.cancel(session.id, by="owner")
+    worker.join(10)
+    assert outcome == ["lost"]
+    assert time.monotonic() - cancelled_at < 1.5  # not the rest of the stream
+    assert kinds(session)[-3:] == ["turn/cancel_requested", "step/end", "turn/end"]
+    assert ended(session) == {"status": "cancelled", "by": "owner"}
+    rows = Event.objects.filter(session=session).order_by("seq").values_list("seq", "kind", "data", "created_at")
+    assert log_problems([Ev(seq, kind, data, at.timestamp()) for seq, kind, data, at in rows]) == []
+    session.refresh_from_db()
+    assert session.status == "idle" and session.lease_owner == ""
 
 
 def test_cancel_of_a_blocked_turn_closes_it_and_owed_calls_get_results(fake_llm: Any, session: Session) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -14,12 +15,13 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 from django.test import Client
+from django.utils import timezone
 
 from sessions_app import log, services
-from sessions_app.errors import UpgradeRefused
+from sessions_app.errors import LeaseLost, UpgradeRefused
 from sessions_app.lg import ops as lg_ops
 from sessions_app.models import AgentProfile, AgentVersion, Event, Session
-from sessions_app.runtime import versions
+from sessions_app.runtime import lease, versions
 from sessions_app.services import versions as version_services
 from tests.sessions_app.apiutil import bearer, token_for
 
@@ -210,6 +212,22 @@ def test_a_harmless_upgrade_moves_a_parked_turn(session: Session, profile: Agent
     assert version_services.upgrade(session.id, None, by="ops").number == 2
     session.refresh_from_db()
     assert session.agent_version == 2 and moves(session) == [(1, 2, "ops")]
+
+
+@pytest.mark.django_db
+def test_an_upgrade_after_the_lease_lapsed_fences_out_its_holder(session: Session, profile: AgentProfile) -> None:
+    """The turn moves to the new version; a holder whose lease lapsed, still
+    running the old one, appends nothing more to it."""
+    _parked_on(session, "workspace.write", {"path": "a.txt", "content": "x"})
+    held = lease.claim(session.id)
+    assert held is not None
+    Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    profile.system_prompt = "v2"
+    profile.save()
+    assert version_services.upgrade(session.id, None, by="ops").number == 2
+    with pytest.raises(LeaseLost):
+        log.append(session.id, "step/end", {"step": 1}, fence=held.fence)
+    assert "step/end" not in [e.kind for e in Event.objects.filter(session=session)]
 
 
 @pytest.mark.django_db

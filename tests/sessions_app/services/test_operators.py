@@ -5,12 +5,14 @@ actor and reason. Model requests are counted at the fake server."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from sessions_app import log, services
-from sessions_app.errors import InvalidInput, NotAbandonable, SessionRevoked
+from sessions_app.errors import InvalidInput, LeaseLost, NotAbandonable, SessionRevoked
 from sessions_app.models import AgentProfile, OperatorAction, Session
 from sessions_app.runtime import lease, limits
 from sessions_app.runtime.drive import drive
@@ -151,6 +153,22 @@ def test_abandon_closes_a_blocked_turn_failed_with_owed_results(session: Session
     with pytest.raises(NotAbandonable):
         operators.abandon(session.id, by="ops")
     assert OperatorAction.objects.filter(action="abandon", actor="ops", reason="gave up").count() == 1
+
+
+@pytest.mark.usefixtures("manual_worker")
+def test_abandon_after_the_lease_lapsed_fences_out_its_holder(session: Session) -> None:
+    """A holder whose lease lapsed may still be running: once an operator has
+    closed its turn, nothing it appends lands (a second turn/end otherwise)."""
+    services.run_turn(session.id, "go")
+    log.append(session.id, "turn/blocked", {"reason": "provider down", "attempts": 5})
+    held = lease.claim(session.id)
+    assert held is not None
+    Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    operators.abandon(session.id, by="ops", reason="gave up")
+    with pytest.raises(LeaseLost):
+        log.append(session.id, "turn/end", {"status": "completed"}, fence=held.fence)
+    assert [e["status"] for e in events(session, "turn/end")] == ["failed"]
+    assert lease.release(held) is None  # superseded: its release changes nothing either
 
 
 @pytest.mark.usefixtures("manual_worker")
