@@ -344,23 +344,33 @@ def test_misfires_with_the_workers_down_across_three_due_times(
     first = s.last_outcome
     assert first is not None
     if policy == "skip":
-        assert first["outcome"] == "skipped" and "misfire" in first["reason"]
-        assert fired(session) == []
-        # The next due time fires normally, once.
-        wait_for(lambda: len(fired(session)) == 1, timeout=10, what="the next due time")
-        assert Schedule.objects.get(id=s.id).last_outcome["outcome"] == "ran"
+        # One skip for t0, +3 and +6; the next due time fires normally, once.
+        # A loaded machine may ready the worker so late that this first looks
+        # after that run too (its outcome then replaced the skip's): what
+        # is certain is in the counts and in the log, not in last_outcome.
+        if first["outcome"] == "skipped":
+            assert "misfire" in first["reason"] and fired(session) == []
+        (f, *_) = wait_for(lambda: fired(session), timeout=10, what="the next due time")
+        assert Schedule.objects.get(id=s.id).skipped == 1
+        offset = (timezone.datetime.fromisoformat(f["due_at"]) - t0).total_seconds()
+        assert offset > 8.99 and min(offset % 3, 3 - offset % 3) < 0.01, "a due time after the skip, in phase"
+        assert "missed" not in f, "the missed due times were skipped, not folded into this run"
     else:
-        assert first["outcome"] == "late" and first["missed"] >= 2
-        (f,) = fired(session)
-        assert f["missed"] >= 2
+        # One late run for t0, +3 and +6, in the log whatever ran after it.
+        (f, *later) = fired(session)
+        due = timezone.datetime.fromisoformat(f["due_at"])
+        assert due == t0 and f["missed"] >= 2 and f["late_ms"] > 1000
+        assert all(timezone.datetime.fromisoformat(e["due_at"]) - t0 > timedelta(seconds=8) for e in later)
+        s = Schedule.objects.get(id=s.id)
         phase = (s.due_at - t0).total_seconds() % 3
         if policy == "run_once":
             assert min(phase, 3 - phase) < 0.01, "run_once keeps the recurrence's phase"
         else:
-            fired_at = timezone.datetime.fromisoformat(first["at"])
-            assert s.due_at == fired_at + timedelta(seconds=3), "reschedule restarts it from the firing"
+            fired_at = due + timedelta(milliseconds=f["late_ms"])  # the late firing's clock, to the millisecond
+            since = (s.due_at - fired_at).total_seconds() % 3
+            assert min(since, 3 - since) < 0.01, "reschedule restarts it from the firing"
         wait_for(lambda: len(events(session, "turn/end")) >= 1, timeout=20, what="the late run's turn")
-        assert len(fake_llm.requests) == 1, "one turn for all the missed due times"
+        assert 1 <= len(fake_llm.requests) <= len(fired(session)), "one turn for all the missed due times"
 
 
 @pytest.mark.worker
