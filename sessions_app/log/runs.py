@@ -31,6 +31,8 @@ EVENT_TABLE = "sessions_app_event"
 # is the expiry left behind (None, or a retry-after that keeps the sweep away).
 # The holder's liveness key goes with the lease (log/leases.py).
 RELEASE_SET = "lease_owner = '', lease_expires_at = %s, lease_process = NULL"
+# The same release for an ORM update (SessionTx.fence_out), kept beside it.
+RELEASED = {"lease_owner": "", "lease_expires_at": None, "lease_process": None}
 
 # A releasing append (a turn's last commit) also says whether any session
 # waits for an agent slot, so the after-turn hook skips registry.offer_slots()

@@ -228,9 +228,8 @@ class SessionTx:
         released."""
         if not self.row["lease_owner"]:
             return False
-        released = {"lease_owner": "", "lease_expires_at": None, "lease_process": None}  # runs.RELEASE_SET
-        Session.objects.filter(id=self.session_id).update(lease_gen=F("lease_gen") + 1, **released)
-        self.row.update(lease_gen=self.row["lease_gen"] + 1, lease_owner="", lease_expires_at=None)
+        Session.objects.filter(id=self.session_id).update(lease_gen=F("lease_gen") + 1, **runs.RELEASED)
+        self.row.update(lease_gen=self.row["lease_gen"] + 1, **runs.RELEASED)
         return True
 
 

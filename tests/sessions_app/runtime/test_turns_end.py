@@ -20,7 +20,7 @@ from approvals_app import services as approvals
 from sessions_app import log, services
 from sessions_app.errors import NotBlocked
 from sessions_app.models import AgentProfile, Event, Session
-from sessions_app.runtime import documents, hooks
+from sessions_app.runtime import dispatch, documents, hooks
 from sessions_app.runtime.drive import drive
 from sessions_app.runtime.storable import CUT_MARK
 from tests.chaos.invariants import Ev, log_problems
@@ -285,7 +285,7 @@ def test_cancel_of_a_turn_no_worker_holds_closes_it_at_once(fake_llm: Any, sessi
 
 
 def test_a_cancel_after_the_lease_lapsed_ends_the_turn_once_and_fences_out_its_holder(
-    fake_llm: Any, session: Session, settings: Any
+    fake_llm: Any, session: Session, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holder's keeper fell behind (its lease lapsed) while it streams.
     Stop closes the turn itself, as for a turn no worker holds, and the
@@ -297,8 +297,11 @@ def test_a_cancel_after_the_lease_lapsed_ends_the_turn_once_and_fences_out_its_h
     services.run_turn(session.id, "talk")
     worker, outcome = drive_while_streaming(session, fake_llm, streamed=0.5)
     Session.objects.filter(id=session.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    woken: list[Any] = []
+    monkeypatch.setattr(dispatch, "wake", woken.append)  # manual worker: record the wake-up instead
     cancelled_at = time.monotonic()
     assert services.cancel(session.id, by="owner")
+    assert woken == [session.id]  # another driver, for what the fenced-out holder would have driven next
     worker.join(10)
     assert outcome == ["lost"]
     assert time.monotonic() - cancelled_at < 1.5  # not the rest of the stream
